@@ -1,0 +1,117 @@
+"""Every torch.distributed call of seqbal lives here.
+
+Data-parallel ranks that must run the same number of micro-batches agree with exactly two
+all-reduces per call, whatever the data:
+
+1. one packed MAX all-reduce of what the ranks must know before anyone may raise: each rank's
+   proposed count, its largest forced-group token count, its (negated) number of groups, and an
+   error code. Errors travel *inside* this collective on purpose: if a rank raised before
+   joining it, its peers would block in the all-reduce until the process-group timeout (a hang
+   of many minutes on a cluster). After it, every rank knows whether any rank failed, and all
+   raise together;
+2. one MIN all-reduce of "every micro-batch is within the cap" after partitioning at the agreed
+   count. The partitioner makes this pass the first time (a count feasible on a rank stays
+   feasible at any larger count up to its number of groups); the loop around it exists only so
+   that a bug can never let a rank go on with an over-cap micro-batch.
+
+Rank identities are packed into the same integers (``value * world + rank``) so that the MAX
+also tells which rank failed or has the fewest groups, without a third collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Agreement", "is_sync_mode", "agree_on_constraints", "all_ranks_within_limit"]
+
+
+def is_sync_mode(dp_group: Optional[Any], same_micro_num_in_dp: bool) -> bool:
+    """True when ranks of ``dp_group`` must agree on one micro-batch count (SPEC's sync mode)."""
+    return bool(same_micro_num_in_dp) and dp_group is not None and dist.is_available() and dist.is_initialized()
+
+
+def _collective_device(group: Any) -> torch.device:
+    """Where the group's backend wants its tensors: the current CUDA device for NCCL, else CPU."""
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the first all-reduce established, identical on every rank of the group.
+
+    Attributes:
+        count: the largest proposed micro-batch count over the ranks.
+        max_group_tokens: the largest forced-group token count on any rank.
+        min_groups: the smallest number of forced groups any rank holds.
+        min_groups_rank: a rank (group-local) holding ``min_groups`` groups.
+        error_code: the largest error code raised locally by any rank, 0 if none.
+        error_rank: the rank (group-local) that reported ``error_code``, -1 if none.
+        world_size: size of the group.
+    """
+
+    count: int
+    max_group_tokens: int
+    min_groups: int
+    min_groups_rank: int
+    error_code: int
+    error_rank: int
+    world_size: int
+
+
+def agree_on_constraints(
+    proposal: int,
+    max_group_tokens: int,
+    num_groups: int,
+    error_code: int,
+    group: Any,
+) -> Agreement:
+    """All-reduce (MAX) the four local facts in one int64 tensor and decode the agreement.
+
+    Every argument must be a non-negative int (``error_code`` 0 means no local error). A rank
+    with an error still calls this: that is what keeps its peers from hanging.
+    """
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    error_entry = error_code * world + rank if error_code > 0 else -1
+    # -num_groups * world + rank: MAX picks the fewest groups (largest rank on ties), and
+    # (v // world, v % world) recovers both because 0 <= rank < world.
+    groups_entry = -num_groups * world + rank
+    packed = torch.tensor(
+        [proposal, max_group_tokens, groups_entry, error_entry],
+        dtype=torch.int64,
+        device=_collective_device(group),
+    )
+    dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
+    count, group_tokens, groups_value, error_value = packed.cpu().tolist()
+    if error_value >= 0:
+        agreed_code, agreed_rank = divmod(error_value, world)
+    else:
+        agreed_code, agreed_rank = 0, -1
+    return Agreement(
+        count=int(count),
+        max_group_tokens=int(group_tokens),
+        min_groups=-(groups_value // world),
+        min_groups_rank=groups_value % world,
+        error_code=int(agreed_code),
+        error_rank=int(agreed_rank),
+        world_size=world,
+    )
+
+
+def all_ranks_within_limit(within_limit: bool, group: Any) -> bool:
+    """All-reduce (MIN) of a local flag: True only if it is True on every rank."""
+    flag = torch.tensor([1 if within_limit else 0], dtype=torch.int64, device=_collective_device(group))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def group_rank(group: Any) -> int:
+    """This process's rank inside ``group``."""
+    return dist.get_rank(group)

@@ -1,0 +1,496 @@
+"""rearrange_micro_batches and plan_micro_batches: the decision, the agreement, the split.
+
+This module composes the pure partitioner (``partition.py``) with the data-parallel
+agreement (``collectives.py``) and with TensorDict indexing. The decision is made on plain
+effective lengths by :func:`plan_micro_batches`; :func:`rearrange_micro_batches` only adds
+reading the lengths from the batch and copying each micro-batch out of it once.
+
+Errors are detected locally first and raised as :class:`MicroBatchPlanError` (a
+``ValueError``). In sync mode a rank that found one does *not* raise at once: it joins the
+first all-reduce with an error code, so that every rank learns of the failure and raises
+together; raising first would leave the healthy ranks blocked in a collective until the
+process-group timeout.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from . import collectives
+from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .workload import calculate_workload
+
+__all__ = [
+    "MicroBatchPlanError",
+    "effective_lengths",
+    "plan_micro_batches",
+    "rearrange_micro_batches",
+    "order_for_pipeline",
+    "get_reverse_idx",
+    "restore_dynamic_batch",
+]
+
+LengthsLike = Union[Sequence[int], np.ndarray, torch.Tensor]
+
+
+class MicroBatchPlanError(ValueError):
+    """A micro-batch plan cannot be made; the message says which input and what numbers.
+
+    ``code`` orders the kinds of failure for the data-parallel agreement (the largest code
+    found on any rank is the one every rank reports).
+    """
+
+    CANNOT_SATISFY = 1
+    FORCED_GROUP_EXCEEDS = 2
+    SAMPLE_EXCEEDS = 3
+    NEGATIVE_LENGTH = 4
+    EMPTY_BATCH = 5
+    BAD_BATCH = 6
+    BAD_ARGUMENT = 7
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_REASONS = {
+    MicroBatchPlanError.CANNOT_SATISFY: "it cannot form the number of micro-batches needed",
+    MicroBatchPlanError.FORCED_GROUP_EXCEEDS: "a forced group exceeds max_token_len",
+    MicroBatchPlanError.SAMPLE_EXCEEDS: "a sample exceeds max_token_len",
+    MicroBatchPlanError.NEGATIVE_LENGTH: "a sequence length is negative",
+    MicroBatchPlanError.EMPTY_BATCH: "its batch is empty",
+    MicroBatchPlanError.BAD_BATCH: "its batch is malformed",
+    MicroBatchPlanError.BAD_ARGUMENT: "an argument is invalid",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _validate_arguments(
+    max_token_len: Any,
+    num_batches_divided_by: Any,
+    min_num_micro_batch: Any,
+    force_group_size: Any,
+) -> None:
+    def bad(message: str) -> MicroBatchPlanError:
+        return MicroBatchPlanError(message, MicroBatchPlanError.BAD_ARGUMENT)
+
+    if not _is_int(max_token_len) or max_token_len < 1:
+        raise bad(f"max_token_len must be a positive int, got {max_token_len!r}")
+    if not _is_int(force_group_size) or force_group_size < 1:
+        raise bad(f"force_group_size must be an int >= 1, got {force_group_size!r}")
+    if num_batches_divided_by is not None and (not _is_int(num_batches_divided_by) or num_batches_divided_by < 1):
+        raise bad(f"num_batches_divided_by must be None or an int >= 1, got {num_batches_divided_by!r}")
+    if min_num_micro_batch is not None and (not _is_int(min_num_micro_batch) or min_num_micro_batch < 1):
+        raise bad(f"min_num_micro_batch must be None or an int >= 1, got {min_num_micro_batch!r}")
+
+
+def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
+    """Effective lengths as a 1-D int64 NumPy array, validated."""
+    if isinstance(seq_lens, torch.Tensor):
+        if seq_lens.is_floating_point() or seq_lens.is_complex():
+            raise MicroBatchPlanError(
+                f"seq_lens must hold integers, got a tensor of dtype {seq_lens.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        array = seq_lens.detach().to("cpu", torch.int64).numpy()
+    else:
+        array = np.asarray(seq_lens)
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise MicroBatchPlanError(
+                f"seq_lens must hold integers, got dtype {array.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        array = array.astype(np.int64, copy=False)
+    if array.ndim != 1:
+        raise MicroBatchPlanError(
+            f"seq_lens must be one-dimensional, got shape {tuple(array.shape)}", MicroBatchPlanError.BAD_BATCH
+        )
+    if array.size == 0:
+        raise MicroBatchPlanError("the batch is empty (0 samples): nothing to split", MicroBatchPlanError.EMPTY_BATCH)
+    if (array < 0).any():
+        index = int(np.argmax(array < 0))
+        raise MicroBatchPlanError(
+            f"sample {index} has a negative length ({int(array[index])} tokens)", MicroBatchPlanError.NEGATIVE_LENGTH
+        )
+    return array
+
+
+def effective_lengths(batch: TensorDict) -> torch.Tensor:
+    """Effective (non-padding) token count of every sample of ``batch``, as an int64 tensor.
+
+    If ``batch["input_ids"]`` is a nested (jagged) tensor, its per-sample lengths; otherwise
+    ``batch["attention_mask"].sum(-1)`` of a 2-D mask. Stays on the batch's device. O(B * S).
+
+    Raises:
+        MicroBatchPlanError: neither a nested ``input_ids`` nor an ``attention_mask``, or a mask
+            that is not 2-D.
+    """
+    keys = set(batch.keys())
+    if "input_ids" in keys:
+        input_ids = batch.get("input_ids")
+        if isinstance(input_ids, torch.Tensor) and input_ids.is_nested:
+            return input_ids.offsets().diff().long()
+    if "attention_mask" not in keys:
+        raise MicroBatchPlanError(
+            f"cannot find sequence lengths: the batch has neither a nested 'input_ids' nor an 'attention_mask' "
+            f"(keys: {sorted(map(str, keys))})",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    mask = batch.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise MicroBatchPlanError(
+            f"attention_mask must be 2-D (batch, seq_len), got shape {shape}", MicroBatchPlanError.BAD_BATCH
+        )
+    return mask.sum(-1, dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The local decision
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _LocalPlan:
+    """What one rank decides from its own lengths before any agreement."""
+
+    group_tokens: np.ndarray  # tokens per forced group
+    group_workloads: np.ndarray  # workload per forced group
+    group_size: int
+    max_token_len: int
+    count: int  # smallest count (>= min, multiple of step) at which this rank meets the cap
+    parts: list[list[int]]  # a cap-respecting partition of the groups into ``count`` parts
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_tokens)
+
+    def partition_at(self, count: int) -> Optional[list[list[int]]]:
+        """Cap-respecting partition of the groups into ``count`` parts; None if none was found."""
+        if count == self.count:
+            return self.parts
+        return capped_balanced_partitions(
+            self.group_tokens, self.group_workloads, self.max_token_len, count, feasible=self.parts
+        )
+
+    def samples_of(self, group_parts: list[list[int]]) -> list[list[int]]:
+        g = self.group_size
+        if g == 1:
+            return [sorted(part) for part in group_parts]
+        return [sorted(chain.from_iterable(range(i * g, i * g + g) for i in part)) for part in group_parts]
+
+
+def _local_plan(
+    lengths: np.ndarray,
+    max_token_len: int,
+    num_batches_divided_by: Optional[int],
+    min_num_micro_batch: Optional[int],
+    force_group_size: int,
+) -> _LocalPlan:
+    n = len(lengths)
+    if n % force_group_size:
+        raise MicroBatchPlanError(
+            f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
+        )
+    over = np.flatnonzero(lengths > max_token_len)
+    if over.size:
+        index = int(over[0])
+        raise MicroBatchPlanError(
+            f"sample {index} has {int(lengths[index])} tokens, which exceeds max_token_len={max_token_len} "
+            f"({over.size} sample(s) over the cap; the largest has {int(lengths.max())} tokens)",
+            MicroBatchPlanError.SAMPLE_EXCEEDS,
+        )
+    g = force_group_size
+    group_tokens = lengths.reshape(-1, g).sum(axis=1)
+    group_workloads = calculate_workload(lengths).reshape(-1, g).sum(axis=1)
+    over = np.flatnonzero(group_tokens > max_token_len)
+    if over.size:
+        index = int(over[0])
+        raise MicroBatchPlanError(
+            f"forced group exceeds max_token_len: group {index} (samples {index * g}..{index * g + g - 1}, "
+            f"force_group_size={g}) has {int(group_tokens[index])} tokens > max_token_len={max_token_len}",
+            MicroBatchPlanError.FORCED_GROUP_EXCEEDS,
+        )
+    step = num_batches_divided_by or 1
+    count, parts = smallest_feasible_partitions(
+        group_tokens, group_workloads, max_token_len, min_count=min_num_micro_batch or 1, step=step
+    )
+    if parts is None:
+        raise MicroBatchPlanError(
+            f"Cannot satisfy max_token_len={max_token_len}: {int(group_tokens.sum())} tokens in "
+            f"{len(group_tokens)} group(s) of {g} sample(s) need at least {count} micro-batches "
+            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}), "
+            f"but only {len(group_tokens)} non-empty micro-batches can be formed; raise max_token_len, "
+            f"lower min_num_micro_batch or num_batches_divided_by, or give this rank more samples",
+            MicroBatchPlanError.CANNOT_SATISFY,
+        )
+    return _LocalPlan(group_tokens, group_workloads, g, max_token_len, count, parts)
+
+
+def _cannot_satisfy_agreed(max_token_len: int, count: int, agreement: collectives.Agreement) -> MicroBatchPlanError:
+    return MicroBatchPlanError(
+        f"Cannot satisfy max_token_len={max_token_len} on every data-parallel rank: the ranks need {count} "
+        f"micro-batches each, but rank {agreement.min_groups_rank} has only {agreement.min_groups} "
+        f"forced group(s) to fill them; raise max_token_len or balance the samples across ranks",
+        MicroBatchPlanError.CANNOT_SATISFY,
+    )
+
+
+def _peer_failure(agreement: collectives.Agreement, max_token_len: Any) -> MicroBatchPlanError:
+    reason = _REASONS.get(agreement.error_code, f"error code {agreement.error_code}")
+    prefix = "Cannot satisfy max_token_len: " if agreement.error_code == MicroBatchPlanError.CANNOT_SATISFY else ""
+    return MicroBatchPlanError(
+        f"{prefix}rank {agreement.error_rank} of the data-parallel group failed: {reason} "
+        f"(max_token_len={max_token_len!r} here); this rank's own data was valid, see rank "
+        f"{agreement.error_rank}'s error for the numbers",
+        agreement.error_code,
+    )
+
+
+def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[list[int]]:
+    """Order micro-batches heaviest in the middle, lightest at both ends.
+
+    Sorts by (workload, first index) descending, then takes ``parts[::2][::-1] + parts[1::2]``:
+    light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
+    """
+    totals = [int(workloads[p].sum()) for p in parts]
+    ranked = sorted(range(len(parts)), key=lambda i: (totals[i], parts[i][0] if parts[i] else 0), reverse=True)
+    ordered = [parts[i] for i in ranked]
+    return ordered[::2][::-1] + ordered[1::2]
+
+
+def _plan(
+    get_lengths: Callable[[], LengthsLike],
+    max_token_len: int,
+    dp_group: Any,
+    num_batches_divided_by: Optional[int],
+    same_micro_num_in_dp: bool,
+    min_num_micro_batch: Optional[int],
+    use_dynamic_bsz_balance: bool,
+    force_group_size: int,
+) -> list[list[int]]:
+    sync = collectives.is_sync_mode(dp_group, same_micro_num_in_dp)
+    local: Optional[_LocalPlan] = None
+    problem: Optional[Exception] = None
+    problem_code = 0
+    try:
+        _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        lengths = _lengths_array(get_lengths())
+        local = _local_plan(lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+    except MicroBatchPlanError as error:
+        problem, problem_code = error, error.code
+    except Exception as error:  # noqa: BLE001 - anything unexpected must still reach the agreement
+        if not sync:
+            raise
+        problem, problem_code = error, MicroBatchPlanError.BAD_BATCH
+    if not sync:
+        if problem is not None:
+            raise problem
+        assert local is not None
+        group_parts = local.parts
+    else:
+        # Every rank reaches this all-reduce, failing or not: see the module docstring.
+        agreement = collectives.agree_on_constraints(
+            proposal=local.count if local else 0,
+            max_group_tokens=int(local.group_tokens.max()) if local else 0,
+            num_groups=local.num_groups if local else 0,
+            error_code=problem_code,
+            group=dp_group,
+        )
+        if agreement.error_code:
+            raise problem if problem is not None else _peer_failure(agreement, max_token_len)
+        assert local is not None
+        step = num_batches_divided_by or 1
+        count = roundup_divisible(agreement.count, step)
+        while True:
+            if count > agreement.min_groups:
+                raise _cannot_satisfy_agreed(max_token_len, count, agreement)
+            candidate = local.partition_at(count)
+            within_limit = candidate is not None and all(
+                int(local.group_tokens[p].sum()) <= max_token_len for p in candidate
+            )
+            if collectives.all_ranks_within_limit(within_limit, dp_group):
+                assert candidate is not None
+                group_parts = candidate
+                break
+            count += step
+    parts = local.samples_of(group_parts)
+    if use_dynamic_bsz_balance:
+        parts = order_for_pipeline(parts, calculate_workload(lengths))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_micro_batches(
+    seq_lens: LengthsLike,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: Optional[int] = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> list[list[int]]:
+    """Decide the micro-batches of a batch from its effective lengths alone.
+
+    Returns exactly the index lists :func:`rearrange_micro_batches` would return for a batch
+    with these lengths, with the same guarantees, errors and collectives; use it for trainers
+    whose batches are not TensorDicts, or to see a plan before launching.
+
+    Args:
+        seq_lens: effective (non-padding) length of each sample: a sequence of ints, a NumPy
+            integer array, or a 1-D integer tensor (any device; copied to the CPU once).
+        max_token_len: hard cap on the effective tokens of every micro-batch.
+        dp_group: process group of the data-parallel ranks (sync mode, see below). Default None.
+        num_batches_divided_by: the count must be a multiple of this (virtual pipeline stages).
+            Default None (no constraint).
+        same_micro_num_in_dp: with ``dp_group`` and an initialised process group, every rank of
+            the group gets the same count. Default True.
+        min_num_micro_batch: the count must be at least this (pipeline parallelism). Default None.
+        use_dynamic_bsz_balance: order micro-batches heaviest in the middle (see
+            :func:`order_for_pipeline`); False keeps the partitioner's order. Default True.
+        force_group_size: samples ``i*g .. i*g+g-1`` always share a micro-batch. Default 1.
+
+    Returns:
+        One ascending list of sample indices per micro-batch; together they hold every index
+        exactly once; no list is empty; every micro-batch has at most ``max_token_len`` tokens;
+        the count is at least ``ceildiv(total, max_token_len)`` and ``min_num_micro_batch``, a
+        multiple of ``num_batches_divided_by``, and in sync mode equal on every rank.
+        Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
+        all-reduces.
+
+    Raises:
+        ValueError: (:class:`MicroBatchPlanError`) invalid arguments, an empty batch, a negative
+            length, a sample or forced group over the cap, or a count that cannot be formed
+            (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together.
+
+    Examples:
+        >>> plan_micro_batches([7] * 8, max_token_len=8)  # ceildiv(56, 8) = 7 is only a bound
+        [[1], [3], [5], [7], [6], [4], [2], [0]]
+        >>> plan_micro_batches([3, 5, 2, 6], max_token_len=8, use_dynamic_bsz_balance=False)
+        [[0, 1], [2, 3]]
+    """
+    return _plan(
+        lambda: seq_lens,
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+    )
+
+
+def rearrange_micro_batches(
+    batch: TensorDict,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: Optional[int] = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> tuple[list[TensorDict], list[list[int]]]:
+    """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
+
+    Drop-in for verl's ``rearrange_micro_batches`` (same signature, plus ``force_group_size``),
+    with the cap enforced as a hard limit. Effective lengths come from :func:`effective_lengths`;
+    the decision is :func:`plan_micro_batches` (see it for every argument, guarantee and error).
+
+    Args:
+        batch: a TensorDict with batch size ``[B]`` holding a 2-D ``attention_mask`` or a nested
+            (jagged) ``input_ids``; every entry (dense, nested, non-tensor) is carried along.
+        max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp,
+        min_num_micro_batch, use_dynamic_bsz_balance, force_group_size: as in
+            :func:`plan_micro_batches`.
+
+    Returns:
+        ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
+        ``indices[i]`` (ascending original sample indices). Concatenate per-sample outputs in
+        this order and undo it with :func:`restore_dynamic_batch`.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> batch = TensorDict({"attention_mask": torch.ones(8, 7, dtype=torch.long)}, batch_size=[8])
+        >>> micro_batches, indices = rearrange_micro_batches(batch, max_token_len=8)
+        >>> len(micro_batches), [mb.batch_size[0] for mb in micro_batches]
+        (8, [1, 1, 1, 1, 1, 1, 1, 1])
+    """
+    indices = _plan(
+        lambda: effective_lengths(batch),
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+    )
+    micro_batches = [batch[torch.as_tensor(part, dtype=torch.long)] for part in indices]
+    return micro_batches, indices
+
+
+def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
+    """Inverse of a permutation: ``out[idx_map[i]] = i``. O(n).
+
+    Raises:
+        ValueError: ``idx_map`` is not a permutation of ``range(len(idx_map))``.
+
+    Examples:
+        >>> get_reverse_idx([2, 0, 1])
+        [1, 2, 0]
+    """
+    order = np.asarray(list(idx_map), dtype=np.int64)
+    n = len(order)
+    if n and (order.min() < 0 or order.max() >= n or len(np.unique(order)) != n):
+        raise ValueError(f"idx_map must be a permutation of 0..{n - 1}, got {list(idx_map)[:20]}")
+    reverse = np.empty(n, dtype=np.int64)
+    reverse[order] = np.arange(n)
+    return reverse.tolist()
+
+
+def restore_dynamic_batch(
+    data: Union[torch.Tensor, TensorDict], batch_idx_list: Sequence[Sequence[int]]
+) -> Union[torch.Tensor, TensorDict]:
+    """Put per-sample outputs back in the original sample order.
+
+    ``data`` is the concatenation (along dim 0) of the per-micro-batch outputs in the order of
+    ``batch_idx_list``, as returned by :func:`rearrange_micro_batches`: a dense tensor, a jagged
+    nested tensor, or a TensorDict. Returns the same kind, row ``j`` being original sample ``j``.
+    O(n) rows copied.
+
+    Raises:
+        ValueError: the number of rows of ``data`` differs from the number of indices.
+
+    Examples:
+        >>> restore_dynamic_batch(torch.tensor([30, 10, 20]), [[2], [0, 1]]).tolist()
+        [10, 20, 30]
+    """
+    indices = list(chain.from_iterable(batch_idx_list))
+    rows = data.batch_size[0] if isinstance(data, TensorDict) else data.shape[0]
+    if len(indices) != rows:
+        raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(indices)} indices")
+    reverse = torch.as_tensor(get_reverse_idx(indices), dtype=torch.long)
+    if isinstance(data, torch.Tensor) and data.is_nested:
+        pieces = data.unbind()
+        return torch.nested.as_nested_tensor([pieces[i] for i in reverse.tolist()], layout=torch.jagged)
+    return data[reverse]

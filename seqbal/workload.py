@@ -1,0 +1,64 @@
+"""Compute-cost model of a sequence, used to balance micro-batches.
+
+A dense transformer block spends about ``12 h^2 s`` FLOPs in its linear layers and ``2 h s^2``
+in attention for a sequence of ``s`` tokens at hidden size ``h``. Dividing by ``2 h`` gives a
+workload proportional to FLOPs, ``6 h s + s^2``: linear in tokens for short sequences,
+quadratic once ``s`` is comparable to ``6 h``. Balancing this (not tokens) is what evens out the
+time of micro-batches that mix short and long sequences. The default constant is verl's, for
+``h = 4096`` (7B-class models); :func:`make_workload_fn` builds the model for another size.
+
+Workloads are exact integers (int64), so partitions are the same on every machine.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, Union
+
+import numpy as np
+import torch
+
+#: Hidden size the default workload model is calibrated for (7B-class dense transformers).
+DEFAULT_HIDDEN_SIZE = 4096
+#: Linear coefficient of the default model: ``6 * DEFAULT_HIDDEN_SIZE``.
+DEFAULT_LINEAR_COEFFICIENT = 6 * DEFAULT_HIDDEN_SIZE  # 24576
+
+Lengths = Union[torch.Tensor, np.ndarray, Sequence[int]]
+
+
+def calculate_workload(seqlens: Lengths) -> Union[torch.Tensor, np.ndarray]:
+    """Relative compute of each sequence: ``24576 * s + s**2`` (dense FLOPs at hidden 4096).
+
+    Args:
+        seqlens: sequence lengths, as a tensor (kept a tensor, upcast to int64 so the square
+            cannot overflow int32), a NumPy array or a sequence of ints (both give an int64
+            NumPy array).
+
+    Returns:
+        The workloads, same shape as the input. O(n).
+
+    Examples:
+        >>> calculate_workload([1, 1000]).tolist()
+        [24577, 25576000]
+    """
+    return make_workload_fn(DEFAULT_HIDDEN_SIZE)(seqlens)
+
+
+def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union[torch.Tensor, np.ndarray]]:
+    """Workload model ``6 * hidden_size * s + s**2`` for another model width.
+
+    Examples:
+        >>> make_workload_fn(1024)([10]).tolist()
+        [61540]
+    """
+    if not isinstance(hidden_size, int) or hidden_size < 1:
+        raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
+    linear = 6 * hidden_size
+
+    def workload(seqlens: Lengths) -> Union[torch.Tensor, np.ndarray]:
+        if isinstance(seqlens, torch.Tensor):
+            s = seqlens.long()
+            return linear * s + s * s
+        s = np.asarray(seqlens, dtype=np.int64)
+        return linear * s + s * s
+
+    return workload
