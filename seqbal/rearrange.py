@@ -385,7 +385,7 @@ def plan_micro_batches(
         >>> plan_micro_batches([7] * 8, max_token_len=8)  # ceildiv(56, 8) = 7 is only a bound
         [[1], [3], [5], [7], [6], [4], [2], [0]]
         >>> plan_micro_batches([3, 5, 2, 6], max_token_len=8, use_dynamic_bsz_balance=False)
-        [[0, 1], [2, 3]]
+        [[2, 3], [0, 1]]
     """
     return _plan(
         lambda: seq_lens,
