@@ -232,12 +232,18 @@ def get_seqlen_balanced_partitions(
 # ---------------------------------------------------------------------------------------------
 
 
-def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
-    """Martello-Toth L2 lower bound on the bins of ``capacity`` needed to pack ``lengths``.
+#: Orders q of the Fekete-Schepers bounds tried by packing_lower_bound (items just over C/(q+1)).
+_DUAL_FEASIBLE_ORDERS = 10
 
-    Always ``>= ceildiv(sum(lengths), capacity)`` and ``>=`` the number of items larger than half
-    the capacity (no two of them share a bin), so it is tight on the adversarial "many items
-    just over half the cap" inputs where the plain ceildiv bound is half the truth.
+
+def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
+    """Lower bound on the bins of ``capacity`` needed to pack ``lengths``.
+
+    The larger of Martello-Toth's L2 and the Fekete-Schepers dual-feasible-function bounds of
+    orders 2..10. Always ``>= ceildiv(sum(lengths), capacity)`` and ``>=`` the number of items
+    larger than half the capacity (no two of them share a bin), so it is tight on adversarial
+    inputs like "many items just over half (or a third) of the cap", where the plain ceildiv
+    bound is far below the truth and a scan starting there would be long.
     Items must already be ``<= capacity``. Returns 0 for an empty or all-zero input.
 
     Complexity: O(n log n).
@@ -266,6 +272,13 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
     leftover = sum_j3 - (count_j2 * capacity - sum_j2)
     extra = np.where(leftover > 0, -(-leftover // capacity), 0)
     bound = int(np.max(count_j1 + count_j2 + extra))
+    # Fekete-Schepers dual feasible functions u_q, scaled by q to stay in integers:
+    # q * u_q(x) = q * x if (q + 1) x is a multiple of C, else floor((q + 1) x / C) * C.
+    # They catch "items just over C / (q + 1)" (e.g. 0.34 C: two per bin), which L2 misses.
+    for q in range(2, _DUAL_FEASIBLE_ORDERS + 1):
+        scaled = (q + 1) * sizes
+        mapped = np.where(scaled % capacity == 0, q * sizes, (scaled // capacity) * capacity)
+        bound = max(bound, ceildiv(int(mapped.sum()), q * capacity))
     return max(bound, ceildiv(int(prefix[-1]), capacity))
 
 
@@ -664,10 +677,15 @@ def smallest_feasible_partitions(
     :func:`capped_balanced_partitions` succeeds, and its partition.
 
     The scan starts at the larger of ``min_count`` and :func:`packing_lower_bound` (rounded up to
-    ``step``) and never goes past the count of a best-fit-decreasing packing rounded up to
-    ``step``, where step 4 of :func:`capped_balanced_partitions` always succeeds. If even that
-    count exceeds the number of items, ``(count, None)`` is returned so the caller can report
-    what was needed.
+    ``step``) and goes up one ``step`` at a time. It never goes past the count ``P`` of a
+    best-fit-decreasing packing rounded up to ``step`` (computed only after the first failure),
+    where step 4 of :func:`capped_balanced_partitions` always succeeds. Because every count
+    tried includes "KK on workloads as it is", the result is never larger than the older loop's
+    (ceildiv start, KK, add one) as long as the scan is linear; after ``linear_attempts`` (32)
+    failures in a row, the rest of ``[k, P]`` is bisected so that even adversarial inputs cost
+    O(log n) attempts, not O(n).
+    If even ``P`` exceeds the number of items, ``(count, None)`` is returned so the caller can
+    report what was needed.
 
     Complexity: O(n log n) for the bound, plus one :func:`capped_balanced_partitions` per count
     tried; on realistic data the first or second count succeeds.
@@ -682,16 +700,35 @@ def smallest_feasible_partitions(
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
     k = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
-    packing: Optional[list[list[int]]] = None
-    packed_count: Optional[int] = None
-    while k <= n:
-        if packed_count is not None and k >= packed_count:
-            return k, capped_balanced_partitions(size, work, capacity, k, feasible=packing)
-        parts = capped_balanced_partitions(size, work, capacity, k)
+    if k > n:
+        return k, None
+    parts = capped_balanced_partitions(size, work, capacity, k)
+    if parts is not None:
+        return k, parts
+    # Only computed when the balanced attempts fail: a partition feasible at every k >= P.
+    packing = best_fit_decreasing_partitions(size, capacity)
+    packed = roundup_divisible(len(packing), step)
+    if packed > n:
+        return packed, None
+
+    def attempt(count: int) -> Optional[list[list[int]]]:
+        return capped_balanced_partitions(size, work, capacity, count, feasible=packing)
+
+    linear_attempts = 32
+    while k < packed and linear_attempts > 0:
+        parts = attempt(k)
         if parts is not None:
             return k, parts
-        if packing is None:
-            packing = best_fit_decreasing_partitions(size, capacity)
-            packed_count = roundup_divisible(len(packing), step)
         k += step
-    return k, None
+        linear_attempts -= 1
+    # Bisect (in units of step) the failures left between k and P; P is known to succeed.
+    low, high = k // step, packed // step
+    best: Optional[list[list[int]]] = None
+    while low < high:
+        middle = (low + high) // 2
+        parts = attempt(middle * step)
+        if parts is not None:
+            high, best = middle, parts
+        else:
+            low = middle + 1
+    return high * step, best if best is not None else attempt(high * step)

@@ -1,0 +1,204 @@
+"""The pure algorithms of seqbal.partition: KK, the lower bound, packers, local searches,
+capped balancing and its monotonicity in the count."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbal.partition import (
+    best_fit_decreasing_partitions,
+    capped_balanced_partitions,
+    ceildiv,
+    get_seqlen_balanced_partitions,
+    karmarkar_karp,
+    packing_lower_bound,
+    rebalance_within_capacity,
+    repair_over_capacity,
+    roundup_divisible,
+    smallest_feasible_partitions,
+)
+
+
+def assert_is_partition(parts, n, k=None):
+    flat = sorted(i for p in parts for i in p)
+    assert flat == list(range(n))
+    assert all(len(p) > 0 for p in parts)
+    if k is not None:
+        assert len(parts) == k
+
+
+def sums(values, parts):
+    values = np.asarray(values)
+    return [int(values[p].sum()) for p in parts]
+
+
+def optimal_bin_count(sizes, capacity):
+    """Exact minimum number of bins by trying every assignment (tiny inputs only)."""
+    n = len(sizes)
+    for bins in range(1, n + 1):
+        for labels in itertools.product(range(bins), repeat=n):
+            if labels[0] != 0:
+                continue
+            loads = [0] * bins
+            for size, label in zip(sizes, labels):
+                loads[label] += size
+            if max(loads) <= capacity:
+                return bins
+    return n
+
+
+# ------------------------------------------------------------------ small helpers
+
+
+def test_ceildiv_and_roundup():
+    assert ceildiv(7, 3) == 3 and ceildiv(6, 3) == 2 and ceildiv(0, 3) == 0
+    assert ceildiv(10**30 + 1, 10**15) == 10**15 + 1  # exact for big ints
+    assert roundup_divisible(7, 4) == 8 and roundup_divisible(8, 4) == 8 and roundup_divisible(1, 1) == 1
+
+
+# ------------------------------------------------------------------ Karmarkar-Karp
+
+
+def test_kk_two_way_classic_example():
+    parts = karmarkar_karp([8, 7, 6, 5, 4], 2, equal_size=False)
+    assert sorted(sums([8, 7, 6, 5, 4], parts)) == [14, 16]  # LDM's known result on this input
+
+
+def test_kk_equal_size_and_errors():
+    parts = karmarkar_karp(list(range(12)), 3, equal_size=True)
+    assert [len(p) for p in parts] == [4, 4, 4]
+    with pytest.raises(ValueError, match="divisible"):
+        karmarkar_karp([1, 2, 3], 2, equal_size=True)
+    with pytest.raises(ValueError, match="cannot split 2 items into 3"):
+        karmarkar_karp([1, 2], 3, equal_size=False)
+    with pytest.raises(ValueError, match=">= 1"):
+        karmarkar_karp([1, 2], 0, equal_size=False)
+    with pytest.raises(ValueError, match=r"number of items \[2\] < k_partitions \[3\]"):
+        get_seqlen_balanced_partitions([1, 2], 3, equal_size=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=120), st.data())
+def test_kk_is_a_partition_with_no_empty_part_and_near_balanced(values, data):
+    k = data.draw(st.integers(1, len(values)))
+    parts = karmarkar_karp(values, k, equal_size=False)
+    assert_is_partition(parts, len(values), k)
+    part_sums = sums(values, parts)
+    # LDM never leaves a spread larger than the largest item.
+    assert max(part_sums) - min(part_sums) <= max(values)
+    assert karmarkar_karp(values, k, equal_size=False) == parts
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.data())
+def test_kk_equal_size_property(k, per_part, data):
+    values = data.draw(st.lists(st.integers(0, 1000), min_size=k * per_part, max_size=k * per_part))
+    parts = get_seqlen_balanced_partitions(values, k, equal_size=True)
+    assert_is_partition(parts, len(values), k)
+    assert all(len(p) == per_part for p in parts)
+    assert all(p == sorted(p) for p in parts)
+
+
+# ------------------------------------------------------------------ lower bound and packers
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 50), st.data())
+def test_lower_bound_is_valid_and_at_least_ceildiv(capacity, data):
+    sizes = data.draw(st.lists(st.integers(0, capacity), min_size=1, max_size=7))
+    bound = packing_lower_bound(sizes, capacity)
+    assert bound >= ceildiv(sum(sizes), capacity)
+    assert bound >= sum(1 for s in sizes if 2 * s > capacity)
+    if sum(sizes):
+        assert bound <= optimal_bin_count(sizes, capacity)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 1000), st.data())
+def test_best_fit_decreasing_respects_capacity_and_bound(capacity, data):
+    sizes = data.draw(st.lists(st.integers(0, capacity), min_size=1, max_size=80))
+    bins = best_fit_decreasing_partitions(sizes, capacity)
+    assert_is_partition(bins, len(sizes))
+    assert max(sums(sizes, bins)) <= capacity
+    assert len(bins) >= packing_lower_bound(sizes, capacity)
+
+
+def test_packers_reject_oversized_items():
+    with pytest.raises(ValueError, match="item 1 has 12 tokens and exceeds capacity 10"):
+        best_fit_decreasing_partitions([3, 12], 10)
+    with pytest.raises(ValueError, match="negative"):
+        best_fit_decreasing_partitions([3, -1], 10)
+
+
+# ------------------------------------------------------------------ local searches
+
+
+def test_repair_moves_the_smallest_item_that_clears_the_excess():
+    assert repair_over_capacity([[0, 1, 2], [3]], [5, 4, 2, 1], 9) == [[0, 1], [2, 3]]
+
+
+def test_repair_uses_a_swap_when_no_move_fits():
+    # Part 0 holds 6+5 = 11 > 10; part 1 holds 7+1+1 = 9 (room 1). No item of part 0 fits
+    # anywhere, but swapping 6 for 7? no: 7 > 6. Swapping 5 with a 1 frees 4 and needs room 4.
+    parts = repair_over_capacity([[0, 1], [2, 3, 4], [5]], [6, 5, 4, 1, 1, 9], 10)
+    assert parts is not None
+    assert max(sums([6, 5, 4, 1, 1, 9], parts)) <= 10
+
+
+def test_repair_gives_up_when_impossible():
+    assert repair_over_capacity([[0, 1], [2]], [6, 6, 6], 10) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(10, 500), st.data())
+def test_rebalance_never_breaks_the_cap_nor_raises_the_maximum(capacity, data):
+    sizes = data.draw(st.lists(st.integers(0, capacity), min_size=2, max_size=60))
+    work = [s * s + 7 * s for s in sizes]
+    bins = best_fit_decreasing_partitions(sizes, capacity)
+    rebalanced = rebalance_within_capacity(bins, sizes, work, capacity)
+    assert_is_partition(rebalanced, len(sizes), len(bins))
+    assert max(sums(sizes, rebalanced)) <= capacity
+    assert max(sums(work, rebalanced)) <= max(sums(work, bins))
+
+
+# ------------------------------------------------------------------ capped balancing
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(5, 300), st.data())
+def test_capped_partitions_are_monotone_in_the_count(capacity, data):
+    sizes = data.draw(st.lists(st.integers(0, capacity), min_size=1, max_size=40))
+    work = [s * s + 3 * s for s in sizes]
+    count, parts = smallest_feasible_partitions(sizes, work, capacity)
+    assert parts is not None and len(parts) == count
+    assert max(sums(sizes, parts)) <= capacity
+    assert count >= packing_lower_bound(sizes, capacity)
+    assert count <= len(best_fit_decreasing_partitions(sizes, capacity))
+    # Every larger count up to the number of items succeeds, starting from the known partition.
+    for k in range(count, len(sizes) + 1):
+        at_k = capped_balanced_partitions(sizes, work, capacity, k, feasible=parts)
+        assert at_k is not None
+        assert_is_partition(at_k, len(sizes), k)
+        assert max(sums(sizes, at_k)) <= capacity
+
+
+def test_capped_partition_keeps_kk_when_within_cap():
+    sizes = [10, 10, 10, 10]
+    assert capped_balanced_partitions(sizes, sizes, 100, 2) == karmarkar_karp(sizes, 2, equal_size=False)
+
+
+def test_capped_partition_out_of_range_counts():
+    assert capped_balanced_partitions([1, 2], [1, 2], 10, 3) is None
+    assert capped_balanced_partitions([1, 2], [1, 2], 10, 0) is None
+
+
+def test_smallest_feasible_respects_step_and_minimum():
+    count, parts = smallest_feasible_partitions([5] * 10, [5] * 10, 10, min_count=3, step=4)
+    assert count == 8 and len(parts) == 8
+    count, parts = smallest_feasible_partitions([5] * 3, [5] * 3, 10, step=4)
+    assert count == 4 and parts is None  # 4 parts cannot be formed from 3 items
