@@ -289,6 +289,94 @@ def _assign_bins_to_ranks(bin_work: np.ndarray, dp_size: int) -> list[list[int]]
     return ranks
 
 
+def _refine_ranks(
+    parts: list[list[int]],
+    ranks: list[list[int]],
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+) -> list[list[int]]:
+    """Even out rank workloads below bin granularity: move or swap single groups between a bin
+    of the heaviest rank and a bin of a lighter rank, never breaking the cap or emptying a bin.
+
+    Each step applies the single move or swap (over all bin pairs of the two ranks) that brings
+    the two ranks' workloads closest to equal while strictly lowering the larger; bin counts per
+    rank never change. Stops when the heaviest rank cannot be improved, or after ``2 g + 64``
+    steps for g groups. O(steps * (g / dp)^2) vectorised.
+    """
+    parts = [list(p) for p in parts]
+    bin_tokens = np.array([int(tokens[p].sum()) for p in parts], dtype=np.int64)
+    bin_work = np.array([int(work[p].sum()) for p in parts], dtype=np.int64)
+    rank_work = np.array([int(bin_work[r].sum()) for r in ranks], dtype=np.int64)
+    dp = len(ranks)
+    if dp < 2:
+        return parts
+
+    def members(rank: int) -> tuple[np.ndarray, np.ndarray]:
+        items = [(g, b) for b in sorted(ranks[rank]) for g in parts[b]]
+        return np.array([g for g, _ in items], dtype=np.int64), np.array([b for _, b in items], dtype=np.int64)
+
+    for _ in range(2 * len(tokens) + 64):
+        heavy = int(np.argmax(rank_work))
+        order = np.lexsort((np.arange(dp), rank_work))
+        applied = False
+        for light in order.tolist():
+            diff = int(rank_work[heavy] - rank_work[light])
+            if diff <= 0:
+                break
+            h_items, h_bins = members(heavy)
+            l_items, l_bins = members(light)
+            h_work, h_tok = work[h_items], tokens[h_items]
+            l_work, l_tok = work[l_items], tokens[l_items]
+            h_room = capacity - bin_tokens[h_bins]
+            l_room = capacity - bin_tokens[l_bins]
+            best: Optional[tuple[int, int, int, int]] = None  # (gap, kind, i, j)
+            # Moves: group i of a heavy bin with >1 group into the best-fitting light bin.
+            light_bins = np.array(sorted(ranks[light]), dtype=np.int64)
+            light_room = capacity - bin_tokens[light_bins]
+            movable = (h_work > 0) & (h_work < diff) & (np.array([len(parts[b]) for b in h_bins]) > 1)
+            movable &= h_tok <= light_room.max()
+            if movable.any():
+                gaps = np.abs(diff - 2 * h_work)
+                i = int(np.flatnonzero(movable)[np.argmin(gaps[movable])])
+                best = (int(gaps[i]), 0, i, -1)
+            # Swaps: group i (heavy) for group j (light), both bins stay within the cap.
+            delta = h_work[:, None] - l_work[None, :]
+            shift = h_tok[:, None] - l_tok[None, :]
+            ok = (delta > 0) & (delta < diff) & (shift <= l_room[None, :]) & (-shift <= h_room[:, None])
+            if ok.any():
+                gaps = np.where(ok, np.abs(diff - 2 * delta), np.iinfo(np.int64).max)
+                flat = int(np.argmin(gaps))
+                if best is None or int(gaps.flat[flat]) < best[0]:
+                    best = (int(gaps.flat[flat]), 1, flat // len(l_items), flat % len(l_items))
+            if best is None:
+                continue
+            _, kind, i, j = best
+            group, source = int(h_items[i]), int(h_bins[i])
+            if kind == 0:
+                fits = light_bins[light_room >= tokens[group]]
+                target = int(fits[np.argmin(capacity - bin_tokens[fits])])
+                moved_in, moved_out = [(group, source, target)], []
+            else:
+                other, target = int(l_items[j]), int(l_bins[j])
+                moved_in, moved_out = [(group, source, target)], [(other, target, source)]
+            for g, src, dst in moved_in + moved_out:
+                parts[src].remove(g)
+                parts[dst].append(g)
+                bin_tokens[src] -= tokens[g]
+                bin_tokens[dst] += tokens[g]
+                bin_work[src] -= work[g]
+                bin_work[dst] += work[g]
+            change = int(work[group]) - (int(work[moved_out[0][0]]) if moved_out else 0)
+            rank_work[heavy] -= change
+            rank_work[light] += change
+            applied = True
+            break
+        if not applied:
+            break
+    return [sorted(p) for p in parts]
+
+
 def build_dp_schedule(
     lengths: Sequence[int],
     dp_size: int,
@@ -313,7 +401,9 @@ def build_dp_schedule(
          are balanced on workload with moves, swaps and splits that never break the cap
          (:func:`seqbal.partition.capped_balanced_partitions`);
       4. give each rank ``t / dp_size`` micro-batches: KK with equal sizes on micro-batch
-         workloads, then pairwise swaps between the heaviest rank and lighter ones.
+         workloads, then pairwise swaps of micro-batches between the heaviest rank and lighter
+         ones, then single-group moves and swaps between their micro-batches (within the cap)
+         to even out what whole micro-batches cannot.
 
     Args:
         lengths: effective tokens of each sample (sequence of ints, integer array or tensor).
@@ -399,11 +489,12 @@ def build_dp_schedule(
     if parts is None or len(parts) != count:  # step 4 of capped_balanced_partitions guarantees this
         raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
 
-    # Micro-batches as sample indices; hand them to ranks.
+    # Hand the micro-batches to ranks, then even out the ranks with group moves and swaps.
+    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
+    bin_work = np.array([int(group_work[part].sum()) for part in parts], dtype=np.int64)
+    ranks = _assign_bins_to_ranks(bin_work, dp_size)
+    parts = _refine_ranks(parts, ranks, group_tokens, group_work, max_token_len)
     micro = [sorted(i for g in part for i in groups[g]) for part in parts]
-    micro.sort()  # deterministic order independent of the partitioner's
-    mb_work = np.array([int(work[mb].sum()) for mb in micro], dtype=np.int64)
-    ranks = _assign_bins_to_ranks(mb_work, dp_size)
     per_rank = []
     for rank_bins in ranks:
         per_rank.append(tuple(tuple(micro[b]) for b in sorted(rank_bins, key=lambda b: micro[b][0])))
