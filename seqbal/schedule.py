@@ -42,6 +42,7 @@ from .partition import (
     karmarkar_karp,
     packing_lower_bound,
     roundup_divisible,
+    smallest_feasible_partitions,
 )
 from .workload import calculate_workload
 
@@ -377,6 +378,39 @@ def _refine_ranks(
     return [sorted(p) for p in parts]
 
 
+def _per_rank_candidate(
+    tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int, divisor: int, min_count: int
+) -> Optional[list[list[int]]]:
+    """The per-rank route as one global partition: KK split of the groups over ranks (equal
+    counts when they divide), each share at its smallest feasible count (a multiple of
+    ``divisor``, ``>= min_count``), every share then split up to the largest of those counts.
+    ``None`` if some share cannot reach that count. Cost: ``dp_size`` capped searches on
+    ``g / dp_size`` groups each.
+    """
+    g = len(tokens)
+    if g < dp_size:
+        return None
+    shares = karmarkar_karp(work, dp_size, equal_size=g % dp_size == 0)
+    plans = []
+    for share in shares:
+        index = np.asarray(share, dtype=np.int64)
+        k, parts = smallest_feasible_partitions(tokens[index], work[index], capacity, min_count=min_count, step=divisor)
+        if parts is None:
+            return None
+        plans.append((index, k, parts))
+    count = max(k for _, k, _ in plans)
+    result: list[list[int]] = []
+    for index, k, parts in plans:
+        if k < count:
+            if count > len(index):
+                return None
+            parts = capped_balanced_partitions(tokens[index], work[index], capacity, count, feasible=parts)
+            if parts is None:
+                return None
+        result.extend([int(index[i]) for i in part] for part in parts)
+    return result
+
+
 def build_dp_schedule(
     lengths: Sequence[int],
     dp_size: int,
@@ -400,6 +434,10 @@ def build_dp_schedule(
          first if the cap admits one, down from the packing lower bound); the ``t`` micro-batches
          are balanced on workload with moves, swaps and splits that never break the cap
          (:func:`seqbal.partition.capped_balanced_partitions`);
+         If ``t`` is above the lower bound, the per-rank route (KK split of the groups over
+         ranks, each share packed at its own smallest count, all raised to the largest) is
+         computed as well and wins if it needs fewer: the schedule never needs more
+         micro-batches per rank than splitting first and packing per rank would;
       4. give each rank ``t / dp_size`` micro-batches: KK with equal sizes on micro-batch
          workloads, then pairwise swaps of micro-batches between the heaviest rank and lighter
          ones, then single-group moves and swaps between their micro-batches (within the cap)
@@ -474,18 +512,27 @@ def build_dp_schedule(
     # A smaller multiple of ``step`` may still be feasible when the packer left slack: try the
     # counts from the packing lower bound up (usually none or one, since step >= dp_size).
     parts: Optional[list[list[int]]] = None
-    count = roundup_divisible(max(packing_lower_bound(group_tokens, max_token_len), floor), step)
+    bound = roundup_divisible(max(packing_lower_bound(group_tokens, max_token_len), floor), step)
+    count = bound
     while count < target and count <= len(groups) and parts is None:
         parts = capped_balanced_partitions(group_tokens, group_work, max_token_len, count)
         if parts is None:
             count += step
-    if parts is None:
-        if target > len(groups):
-            raise _too_few_groups(
-                target, len(packing), len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch
-            )
+    if parts is None and target <= len(groups):
         count = target
         parts = capped_balanced_partitions(group_tokens, group_work, max_token_len, count, feasible=packing)
+    if (parts is None or count > bound) and dp_size > 1:
+        # Not provably optimal: the per-rank route (split, then pack each share) is a candidate
+        # too, so the schedule never needs more micro-batches per rank than that route.
+        alternative = _per_rank_candidate(
+            group_tokens, group_work, max_token_len, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+        )
+        if alternative is not None and (parts is None or len(alternative) < count):
+            parts, count = alternative, len(alternative)
+    if parts is None:
+        raise _too_few_groups(
+            target, len(packing), len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch
+        )
     if parts is None or len(parts) != count:  # step 4 of capped_balanced_partitions guarantees this
         raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
 

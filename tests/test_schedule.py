@@ -241,6 +241,26 @@ def _group_tokens(lengths, kwargs):
     return [sum(lengths[i:i + g]) for i in range(0, len(lengths), g)]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 12), st.integers(20, 200), st.data())
+def test_property_never_more_than_the_per_rank_route(dp_size, per_rank, cap, data):
+    from seqbal import plan_micro_batches
+
+    n = dp_size * per_rank
+    lengths = data.draw(st.lists(st.integers(1, cap), min_size=n, max_size=n))
+    divisor = data.draw(st.one_of(st.none(), st.integers(1, 3)))
+    parts, _ = balance_batch(lengths, dp_size)
+    try:
+        route = max(
+            len(plan_micro_batches([lengths[i] for i in p], cap, num_batches_divided_by=divisor, use_dynamic_bsz_balance=False))
+            for p in parts
+        )
+    except ValueError:
+        return  # the per-rank route itself cannot satisfy the settings
+    schedule = schedule_checked(lengths, dp_size, cap, num_batches_divided_by=divisor)
+    assert schedule.num_micro_batches <= route
+
+
 # ---------------------------------------------------------------------------------------------
 # balance_batch and get_group_balanced_partitions
 # ---------------------------------------------------------------------------------------------
