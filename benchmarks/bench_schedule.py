@@ -46,7 +46,7 @@ from seqbal import (  # noqa: E402
     plan_micro_batches,
 )
 
-BATCH = 1024  # samples per global batch (e.g. 128 prompts x 8 responses)
+BATCH = 1024  # default samples per global batch (e.g. 128 prompts x 8 responses); --batch changes it
 GRPO_N = 8  # responses per prompt in the GRPO workload
 SEED = 20261129
 
@@ -60,33 +60,33 @@ def _clip(x: np.ndarray, cap: int) -> np.ndarray:
     return np.clip(np.rint(x), 1, cap).astype(np.int64)
 
 
-def lognormal(rng: np.random.Generator, cap: int) -> np.ndarray:
+def lognormal(rng: np.random.Generator, cap: int, n: int) -> np.ndarray:
     """SFT-like: median ~700 tokens, sigma 0.8."""
-    return _clip(rng.lognormal(np.log(700), 0.8, BATCH), cap)
+    return _clip(rng.lognormal(np.log(700), 0.8, n), cap)
 
 
-def bimodal_rl(rng: np.random.Generator, cap: int) -> np.ndarray:
+def bimodal_rl(rng: np.random.Generator, cap: int, n: int) -> np.ndarray:
     """RL rollouts: 75% short answers (~400), 25% long reasoning (~4000), both noisy."""
-    long = rng.random(BATCH) < 0.25
-    return _clip(np.where(long, rng.normal(4000, 1200, BATCH), rng.normal(400, 150, BATCH)), cap)
+    long = rng.random(n) < 0.25
+    return _clip(np.where(long, rng.normal(4000, 1200, n), rng.normal(400, 150, n)), cap)
 
 
-def pareto_tail(rng: np.random.Generator, cap: int) -> np.ndarray:
+def pareto_tail(rng: np.random.Generator, cap: int, n: int) -> np.ndarray:
     """Heavy tail: Pareto alpha 1.1 above 300 tokens, clipped at the cap."""
-    return _clip(300 * (1 + rng.pareto(1.1, BATCH)), cap)
+    return _clip(300 * (1 + rng.pareto(1.1, n)), cap)
 
 
-def grpo_groups(rng: np.random.Generator, cap: int) -> tuple[np.ndarray, np.ndarray]:
+def grpo_groups(rng: np.random.Generator, cap: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """GRPO: 128 prompts x 8 responses; a prompt's responses share a difficulty scale."""
-    prompts = BATCH // GRPO_N
+    prompts = n // GRPO_N
     scale = rng.lognormal(np.log(600), 0.7, prompts)
     lengths = rng.lognormal(0, 0.5, (prompts, GRPO_N)) * scale[:, None] + rng.integers(50, 300, prompts)[:, None]
     return _clip(lengths.ravel(), cap), np.repeat(np.arange(prompts), GRPO_N)
 
 
-def grpo_groups_kept(rng: np.random.Generator, cap: int) -> tuple[np.ndarray, np.ndarray]:
+def grpo_groups_kept(rng: np.random.Generator, cap: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """GRPO with every prompt's 8 responses in one micro-batch: samples clipped to cap / 8."""
-    lengths, groups = grpo_groups(rng, cap // GRPO_N)
+    lengths, groups = grpo_groups(rng, cap // GRPO_N, n)
     return lengths, groups
 
 
@@ -108,12 +108,12 @@ def lengths_dir() -> Optional[Path]:
     return None
 
 
-def batches(name: str, cap: int, count: int) -> Iterator[tuple[np.ndarray, Optional[np.ndarray]]]:
-    """``count`` batches of ``BATCH`` samples of one workload (real files: consecutive slices)."""
+def batches(name: str, cap: int, count: int, batch: int = BATCH) -> Iterator[tuple[np.ndarray, Optional[np.ndarray]]]:
+    """``count`` batches of ``batch`` samples of one workload (real files: consecutive slices)."""
     if name in GENERATED:
-        rng = np.random.default_rng([SEED, sum(map(ord, name)), cap])
+        rng = np.random.default_rng([SEED, sum(map(ord, name)), cap, batch])
         for _ in range(count):
-            out = GENERATED[name](rng, cap)
+            out = GENERATED[name](rng, cap, batch)
             yield out if isinstance(out, tuple) else (out, None)
         return
     directory = lengths_dir()
@@ -122,7 +122,7 @@ def batches(name: str, cap: int, count: int) -> Iterator[tuple[np.ndarray, Optio
     data = np.minimum(data, cap)  # no real file reaches 8192; kept for other caps
     rng = np.random.default_rng(SEED)
     data = data[rng.permutation(len(data))]  # a shuffled epoch, as a dataloader would give
-    size = min(BATCH, len(data) // 8 * 8)  # the 800-line rollout file gives one batch of 800
+    size = min(batch, len(data) // 8 * 8)  # the 800-line rollout file gives one batch of 800
     for start in range(0, min(count, len(data) // size) * size, size):
         yield data[start:start + size], None
 
@@ -155,7 +155,7 @@ def schedule_route(lengths: np.ndarray, groups: Optional[np.ndarray], dp: int, c
     return schedule.num_micro_batches, schedule.summary()["rank_workload_imbalance"], elapsed
 
 
-def compare(names: list[str], caps: dict[str, int], dps: list[int], count: int) -> list[str]:
+def compare(names: list[str], caps: dict[str, int], dps: list[int], count: int, batch: int) -> list[str]:
     rows = [
         "| workload | cap | dp | batches | LB/rank | schedule | per-rank route | fewer / same / more "
         "| imbalance schedule | imbalance per-rank | schedule ms |",
@@ -163,7 +163,7 @@ def compare(names: list[str], caps: dict[str, int], dps: list[int], count: int) 
     ]
     for name in names:
         cap = caps[name]
-        data = list(batches(name, cap, count))
+        data = list(batches(name, cap, count, batch))
         keep = name == "GRPO (groups kept)"
         for dp in dps:
             a, b, lb, ia, ib, ms = [], [], [], [], [], []
@@ -183,7 +183,7 @@ def compare(names: list[str], caps: dict[str, int], dps: list[int], count: int) 
     return rows
 
 
-def packers(names: list[str], caps: dict[str, int], count: int) -> list[str]:
+def packers(names: list[str], caps: dict[str, int], count: int, batch: int) -> list[str]:
     rows = [
         "| workload | cap | batches | lower bound | first-fit | FFD | BFD | BFD < FFD | BFD > FFD | BFD above LB | BFD ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -193,7 +193,7 @@ def packers(names: list[str], caps: dict[str, int], count: int) -> list[str]:
             continue
         cap = caps[name]
         lb, ff, ffd, bfd, ms = [], [], [], [], []
-        for lengths, _ in batches(name, cap, count):
+        for lengths, _ in batches(name, cap, count, batch):
             lb.append(packing_lower_bound(lengths, cap))
             ff.append(len(first_fit_partitions(lengths, cap)))
             ffd.append(len(first_fit_partitions(lengths, cap, decreasing=True)))
@@ -211,13 +211,16 @@ def packers(names: list[str], caps: dict[str, int], count: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 batches per workload instead of 20")
+    parser.add_argument("--batch", type=int, default=BATCH, help="samples per global batch (multiple of 64)")
+    parser.add_argument("--small-batch", type=int, default=256, help="batch of the second, generated-only table")
     parser.add_argument("--cap", type=int, default=8192, help="max_token_len for generated workloads")
     parser.add_argument("--real-cap", type=int, default=8192, help="max_token_len for the real length lists")
     args = parser.parse_args()
     count = 3 if args.quick else 20
-    names = list(GENERATED)
-    caps = {name: args.cap for name in names}
+    generated = list(GENERATED)
+    caps = {name: args.cap for name in generated}
     caps["GRPO (groups kept)"] = 4 * args.cap  # a whole group must fit: samples clipped to cap / 8
+    names = list(generated)
     directory = lengths_dir()
     if directory is None:
         print("real length lists not found: their rows are skipped", file=sys.stderr)
@@ -226,11 +229,13 @@ def main() -> None:
         names += real
         caps.update({name: args.real_cap for name in real})
     print(f"<!-- python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
-          f"batch {BATCH}, up to {count} batches per workload -->\n")
-    print("### Micro-batches per rank: global schedule vs per-rank route\n")
-    print("\n".join(compare(names, caps, [2, 4, 8], count)))
-    print("\n### Packers: bins used\n")
-    print("\n".join(packers(names, caps, count)))
+          f"up to {count} batches per workload -->\n")
+    print(f"### Micro-batches per rank: global schedule vs per-rank route, batch {args.batch}\n")
+    print("\n".join(compare(names, caps, [2, 4, 8], count, args.batch)))
+    print(f"\n### Same, smaller batch of {args.small_batch} (fewer micro-batches per rank)\n")
+    print("\n".join(compare(generated, caps, [2, 4, 8], count, args.small_batch)))
+    print(f"\n### Packers: bins used, batch {args.batch}\n")
+    print("\n".join(packers(names, caps, count, args.batch)))
 
 
 if __name__ == "__main__":
