@@ -233,7 +233,8 @@ def _too_few_groups(
         advice.append(f"use dp_size <= {num_groups}")
     per_rank = num_groups // dp_size
     if divisor is not None and divisor > 1:
-        fits = [d for d in range(divisor, 0, -1) if roundup_divisible(max(packed, dp_size * (min_num_micro_batch or 1)), dp_size * d) <= num_groups]
+        floor = max(packed, dp_size * (min_num_micro_batch or 1))
+        fits = [d for d in range(divisor, 0, -1) if roundup_divisible(floor, dp_size * d) <= num_groups]
         if fits:
             advice.append(f"lower num_batches_divided_by to {fits[0]}")
     if min_num_micro_batch is not None and dp_size * min_num_micro_batch > num_groups and per_rank >= 1:
@@ -241,7 +242,7 @@ def _too_few_groups(
     advice.append(f"or give the batch at least {needed} groups")
     return ValueError(
         f"Cannot satisfy max_token_len={max_token_len}: the schedule needs {needed} micro-batches "
-        f"({needed // dp_size} per rank on dp_size={dp_size}: {packed} to respect the cap, rounded up to a "
+        f"({needed // dp_size} per rank on dp_size={dp_size}: {packed} to respect the cap (best-fit packing), rounded up to a "
         f"multiple of dp_size * num_batches_divided_by = {dp_size * (divisor or 1)}"
         f"{f' and to at least dp_size * min_num_micro_batch = {dp_size * min_num_micro_batch}' if min_num_micro_batch else ''}"
         f"), but only {num_groups} group(s) of samples can fill them; " + "; ".join(advice)
