@@ -98,6 +98,8 @@ def _groups(
     if not _is_int(force_group_size) or force_group_size < 1:
         raise ValueError(f"force_group_size must be an int >= 1, got {force_group_size!r}")
     if group_ids is not None:
+        if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
+            group_ids = group_ids.tolist()
         if force_group_size != 1:
             raise ValueError(
                 f"give either force_group_size (got {force_group_size}) or group_ids, not both: "
@@ -157,7 +159,11 @@ class DPSchedule:
     workloads: tuple[int, ...] = field(repr=False)
 
     def rank_micro_batches(self, rank: int) -> list[list[int]]:
-        """Micro-batches of ``rank`` as lists of global sample indices. O(n / dp_size)."""
+        """Micro-batches of ``rank`` as lists of global sample indices. O(n / dp_size).
+
+        >>> build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8).rank_micro_batches(1)
+        [[2], [3, 5]]
+        """
         return [list(mb) for mb in self.micro_batches[rank]]
 
     def local_micro_batches(self, rank: int) -> list[list[int]]:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqbal.schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
-from seqbal.partition import packing_lower_bound, roundup_divisible
+from seqbal.partition import packing_lower_bound
 
 from invariants import assert_schedule_invariants
 
@@ -115,6 +115,14 @@ def test_bad_arguments(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         build_dp_schedule(args.pop("lengths"), args.pop("dp_size"), args.pop("max_token_len"), **args)
+
+
+def test_group_ids_as_tensor_or_array_group_by_value():
+    lengths, uids = [3, 3, 4, 4], [7, 7, 9, 9]
+    reference = build_dp_schedule(lengths, 2, 8, group_ids=uids)
+    assert build_dp_schedule(lengths, 2, 8, group_ids=torch.tensor(uids)) == reference
+    assert build_dp_schedule(lengths, 2, 8, group_ids=np.array(uids)) == reference
+    assert balance_batch(lengths, 2, group_ids=torch.tensor(uids))[0] == [[2, 3], [0, 1]]
 
 
 def test_accepts_tensor_and_array_lengths():
@@ -222,11 +230,10 @@ def test_property_every_invariant(case):
         needed = int(re.search(r"needs (\d+) micro-batches", message).group(1))
         available = int(re.search(r"only (\d+) group", message).group(1))
         assert needed > available == _num_groups(lengths, kwargs)
+        # needed is a multiple of dp * divisor and >= dp * min_num_micro_batch, as announced
         step = dp_size * (kwargs.get("num_batches_divided_by") or 1)
-        floor = dp_size * (kwargs.get("min_num_micro_batch") or 1)
-        group_tokens = _group_tokens(lengths, kwargs)
-        smallest = roundup_divisible(max(packing_lower_bound(group_tokens, cap), floor), step)
-        assert smallest > available or needed > smallest
+        assert needed % step == 0 and needed >= dp_size * (kwargs.get("min_num_micro_batch") or 1)
+        assert needed >= packing_lower_bound(_group_tokens(lengths, kwargs), cap)
         return
     assert schedule.num_micro_batches >= (kwargs.get("min_num_micro_batch") or 1)
 
