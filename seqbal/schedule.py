@@ -440,8 +440,7 @@ def build_dp_schedule(
          that is ``>= b`` and ``>= dp_size * min_num_micro_batch`` (a smaller multiple is tried
          first if the cap admits one, down from the packing lower bound); the ``t`` micro-batches
          are balanced on workload with moves, swaps and splits that never break the cap
-         (:func:`seqbal.partition.capped_balanced_partitions`);
-         If ``t`` is above the lower bound, the per-rank route (KK split of the groups over
+         (:func:`seqbal.partition.capped_balanced_partitions`). If ``t`` is above the lower bound, the per-rank route (KK split of the groups over
          ranks, each share packed at its own smallest count, all raised to the largest) is
          computed as well and wins if it needs fewer: the schedule never needs more
          micro-batches per rank than splitting first and packing per rank would;
@@ -473,8 +472,10 @@ def build_dp_schedule(
         ValueError: bad arguments; a sample or group over the cap; more micro-batches needed
             than there are groups (the message says which setting to change, and to what).
 
-    Complexity: O(n log n) packing plus one or two capped-balancing passes (O(n t log t)) and
-    the rank assignment (O(t log t) plus the swaps).
+    Complexity: O(n log n) packing plus one or two capped-balancing passes (O(n t log t)), when
+    ``t`` is above the bound ``dp_size`` more on ``n / dp_size`` groups each, and the rank
+    assignment (O(t log t) plus at most ``2 g + 64`` vectorised group moves). About 50 ms for
+    1024 samples, about 1 s for 8192 (mostly the KK pass).
 
     Examples:
         24 tokens under a cap of 8 pack into 3 micro-batches; 2 ranks need a multiple of 2, so
