@@ -26,7 +26,7 @@ from .rearrange import (
     rearrange_micro_batches,
     restore_dynamic_batch,
 )
-from .schedule import get_group_balanced_partitions
+from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
 from .workload import calculate_workload, make_workload_fn
 
 __version__ = "0.1.0"
@@ -47,6 +47,9 @@ __all__ = [
     "log_seqlen_unbalance",
     "micro_batch_summary",
     "get_group_balanced_partitions",
+    "build_dp_schedule",
+    "DPSchedule",
+    "balance_batch",
     "first_fit_partitions",
     "best_fit_decreasing_partitions",
     "split_bins_to_count",

@@ -53,3 +53,73 @@ def assert_plan_invariants(
         assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
     if num_batches_divided_by is not None:
         assert count % num_batches_divided_by == 0, f"count {count} not a multiple of {num_batches_divided_by}"
+
+
+def assert_schedule_invariants(
+    lengths: Sequence[int],
+    schedule,
+    max_token_len: int,
+    dp_size: int,
+    *,
+    force_group_size: int = 1,
+    group_ids: Optional[Sequence] = None,
+    num_batches_divided_by: Optional[int] = None,
+    min_num_micro_batch: Optional[int] = None,
+    rebuild=None,
+) -> None:
+    """Assert every guarantee of ``build_dp_schedule`` (issue 5) for one returned DPSchedule.
+
+    ``rebuild``, if given, is a zero-argument callable that builds the schedule again from the
+    same input; the result must be identical (determinism).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    assert schedule.dp_size == dp_size, f"schedule is for {schedule.dp_size} ranks, asked {dp_size}"
+    assert schedule.max_token_len == max_token_len
+    assert len(schedule.micro_batches) == dp_size and len(schedule.rank_indices) == dp_size
+    count = schedule.num_micro_batches
+    # the same count on every rank
+    for rank, mbs in enumerate(schedule.micro_batches):
+        assert len(mbs) == count, f"rank {rank} has {len(mbs)} micro-batches, expected {count}"
+    # every sample exactly once; micro-batches non-empty, ascending, within the cap
+    flat = [i for rank in schedule.micro_batches for mb in rank for i in mb]
+    assert sorted(flat) == list(range(n)), f"indices are not a permutation of range({n})"
+    where = {}
+    for rank, mbs in enumerate(schedule.micro_batches):
+        for position, mb in enumerate(mbs):
+            assert len(mb) > 0, f"rank {rank} micro-batch {position} is empty"
+            assert list(mb) == sorted(mb), f"rank {rank} micro-batch {position} not ascending: {mb}"
+            tokens = int(lengths[list(mb)].sum())
+            assert tokens <= max_token_len, f"rank {rank} micro-batch {position}: {tokens} tokens > cap {max_token_len}"
+            for i in mb:
+                where[i] = (rank, position)
+        # per rank, the flattened micro-batches tile its sample list in order
+        tiled = tuple(i for mb in mbs for i in mb)
+        assert tuple(schedule.rank_indices[rank]) == tiled, f"rank {rank}: rank_indices do not tile its micro-batches"
+        local = schedule.local_micro_batches(rank)
+        assert [[schedule.rank_indices[rank][p] for p in mb] for mb in local] == [list(mb) for mb in mbs]
+    # groups never split
+    groups: dict = {}
+    if group_ids is not None:
+        for i, uid in enumerate(group_ids):
+            groups.setdefault(uid, []).append(i)
+    elif force_group_size > 1:
+        for start in range(0, n, force_group_size):
+            groups[start] = list(range(start, start + force_group_size))
+    for key, members in groups.items():
+        homes = {where[i] for i in members}
+        assert len(homes) == 1, f"group {key!r} split over (rank, micro-batch) {sorted(homes)}"
+    # count bounds
+    total = count * dp_size
+    assert total >= ceildiv(int(lengths.sum()), max_token_len), "total count below the ceildiv lower bound"
+    if num_batches_divided_by is not None:
+        assert count % num_batches_divided_by == 0, f"count {count} not a multiple of {num_batches_divided_by}"
+    if min_num_micro_batch is not None:
+        assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
+    # summary agrees with the schedule
+    summary = schedule.summary()
+    assert summary["num_micro_batches"] == count and summary["max_tokens"] <= max_token_len
+    assert sum(summary["tokens_per_rank"]) == int(lengths.sum())
+    # deterministic
+    if rebuild is not None:
+        assert rebuild() == schedule, "the same input gave a different schedule"
