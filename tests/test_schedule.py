@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from seqbal.schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
 from seqbal.partition import packing_lower_bound
 
-from invariants import assert_schedule_invariants
+from .invariants import assert_schedule_invariants
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
