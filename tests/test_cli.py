@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from invariants import assert_plan_invariants
+from .invariants import assert_plan_invariants
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "seqbal" / "data" / "qwen25math_cot_rollouts.txt"
