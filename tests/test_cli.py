@@ -269,3 +269,15 @@ def test_console_script_entry_point_is_declared():
     config.read(ROOT / "setup.cfg")
     assert "seqbal = seqbal.cli:main" in config["options.entry_points"]["console_scripts"]
     assert "data/*.txt" in config["options.package_data"]["seqbal"]
+
+
+def test_report_when_the_older_loop_fails(tmp_path):
+    from seqbal.cli import format_report
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n7\n3\n")
+    report = plan_json(str(path), "--max-token-len", "8")
+    report["kk_loop"].update(ranks=[], micro_batches_per_rank=None, failed_at=4, kk_passes=2)
+    text = format_report(report)
+    assert "seqbal: 2 micro-batches per rank" in text
+    assert "older KK loop: failed, it reached 4 micro-batches" in text
