@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import numpy as np
 
 from ._kk_loop import kk_loop_plans
 from .metrics import micro_batch_summary
-from .partition import ceildiv
 from .rearrange import MicroBatchPlanError, plan_micro_batches
 
 __all__ = ["main", "read_lengths", "simulate_ranks", "DEFAULT_SAMPLE"]
@@ -392,12 +390,10 @@ def format_report(report: dict[str, Any]) -> str:
     """The human-readable output of ``seqbal plan``."""
     source, settings = report["input"], report["settings"]
     ours, old = report["seqbal"], report["kk_loop"]
-    extras = [
-        f"{name}={settings[key]}"
-        for key, name in (("group_size", "group size"), ("divisible_by", "divisible by"),
-                          ("min_micro_batches", "min micro-batches"), ("seed", "seed"))
-        if settings[key] not in (None, 1) or (key == "seed" and settings[key] is not None)
-    ]
+    defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None}
+    names = {"group_size": "group size", "divisible_by": "divisible by",
+             "min_micro_batches": "min micro-batches", "seed": "seed"}
+    extras = [f"{names[key]}={settings[key]}" for key in names if settings[key] != defaults[key]]
     lines = [
         f"input: {source['file']}: {source['samples']} samples, {source['tokens']} tokens, longest {source['max_length']}",
         f"settings: max_token_len={settings['max_token_len']}, dp={settings['dp']}"
