@@ -154,8 +154,10 @@ def read_lengths(path: Optional[str] = None, *, field: Optional[str] = None, col
             file and, for line-based formats, the line.
     """
     file = DEFAULT_SAMPLE if path is None else Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise InputError(f"{file}: no such file")
+    if not file.is_file():
+        raise InputError(f"{file}: not a file")
     suffix = file.suffix.lower()
     try:
         if suffix == ".npy":
