@@ -6,7 +6,8 @@
   a package we do not install (verl) or a multi-process launch.
 - ```` ```bash ```` blocks: every line that starts with ``seqbal `` runs through the CLI's
   ``main()`` in-process and must exit 0 (input files named in it are created from the shipped
-  sample first, see ``_fixture_files``). Other shell lines (``pip``, ``torchrun``) are not run
+  sample first, see ``_fixture_files``). A ```` ```text ```` block right after a bash block
+  with one ``seqbal`` command is that command's output, and must match it exactly. Other shell lines (``pip``, ``torchrun``) are not run
   here; the examples they launch are run by ``tests/test_examples.py``.
 
 New pages are picked up automatically: the test is parametrised over the files present.
@@ -98,16 +99,21 @@ def test_snippets_run(page, tmp_path, monkeypatch):
     _fixture_files(tmp_path)
     namespace: dict = {"__name__": f"docs_{page.stem}"}
     ran = 0
+    last_output = None  # stdout of the previous block, if it was a single seqbal command
     for info, code, line in blocks(page):
         words = info.split()
         language = words[0] if words else ""
         where = f"{page.name}:{line}"
-        if language == "python":
+        previous_output, last_output = last_output, None
+        if language == "text" and previous_output is not None:
+            assert code.rstrip("\n") == previous_output.rstrip("\n"), f"{where}: output differs from the command's"
+        elif language == "python":
             compiled = compile(code, where, "exec")
             if "no-run" not in words:
                 exec(compiled, namespace)  # noqa: S102 - the point of the test
                 ran += 1
         elif language in ("bash", "sh", "console") and "no-run" not in words:
+            outputs = []
             for command in code.splitlines():
                 command = command.split(" #")[0].strip()
                 if not command.startswith("seqbal "):
@@ -117,6 +123,9 @@ def test_snippets_run(page, tmp_path, monkeypatch):
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     code_ = main(argv)
                 assert code_ == 0, f"{where}: `{command}` exited {code_}: {err.getvalue()}"
+                outputs.append(out.getvalue())
                 ran += 1
+            if len(outputs) == 1:
+                last_output = outputs[0]
     if page.name in {"index.md", "guide.md", "algorithm.md", "api.md"}:
         assert ran, f"{page.name} has no runnable snippet"
