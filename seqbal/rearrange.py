@@ -318,11 +318,26 @@ def _plan(
         while True:
             if count > agreement.min_groups:
                 raise _cannot_satisfy_agreed(max_token_len, count, agreement)
-            candidate = local.partition_at(count)
-            within_limit = candidate is not None and all(
-                int(local.group_tokens[p].sum()) <= max_token_len for p in candidate
-            )
-            if collectives.all_ranks_within_limit(within_limit, dp_group):
+            failure: Optional[BaseException] = None
+            try:
+                candidate = local.partition_at(count)
+                within_limit = (
+                    candidate is not None
+                    and len(candidate) == count
+                    and all(len(p) and int(local.group_tokens[p].sum()) <= max_token_len for p in candidate)
+                )
+            except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
+                candidate, within_limit, failure = None, False, error
+            check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
+            if failure is not None:
+                raise failure
+            if check.failed_rank >= 0:
+                raise RuntimeError(
+                    f"rank {check.failed_rank} of the data-parallel group failed while partitioning at the "
+                    f"agreed count {count} (an internal error of seqbal, see that rank's traceback); this "
+                    f"rank's own partition was fine"
+                )
+            if check.within_limit:
                 assert candidate is not None
                 group_parts = candidate
                 break

@@ -75,7 +75,8 @@ class Scenario:
         named_rank: the group-local rank every other rank's message must name (default: the
             single bad rank, if there is one).
         hook: "second_pass" (rank 0's first partition fails, forcing a second pass of the
-            within-limit loop) or "hang" (rank 1 skips the call: the harness must report it).
+            within-limit loop), "partition_raises" (rank 0's partitioner raises after the
+            first all-reduce) or "hang" (rank 1 skips the call: the harness must report it).
     """
 
     name: str
@@ -228,6 +229,7 @@ def build_scenarios(world: int) -> list[Scenario]:
 
     # --- the detectors themselves --------------------------------------------------------
     add(Scenario("detector_second_pass", base, {"max_token_len": CAP}, hook="second_pass"))
+    add(Scenario("fault_partition_raises", base, {"max_token_len": CAP}, hook="partition_raises"))
     add(Scenario("detector_hang", base, {"max_token_len": CAP}, hook="hang"))
     names = [s.name for s in out]
     if len(names) != len(set(names)):
@@ -372,13 +374,15 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
     batch = None if api == "plan" else _make_batch(lengths, api, seed=rank)
 
     restore = None
-    if scenario.hook == "second_pass" and rank == 0:
+    if scenario.hook in ("second_pass", "partition_raises") and rank == 0:
         original = rearrange_module._LocalPlan.partition_at
         state = {"failed": False}
 
         def failing_once(self, count):
             if not state["failed"]:
                 state["failed"] = True
+                if scenario.hook == "partition_raises":
+                    raise RuntimeError("injected partitioner bug")
                 return None
             return original(self, count)
 

@@ -354,6 +354,21 @@ def test_detector_second_pass_is_caught(world_records, backend, world):
         check_collectives(scenario, records, world, backend)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_partitioner_exception_after_agreement_reaches_every_rank(world_records, backend, world):
+    """Rank 0's partitioner raises after the first all-reduce (an internal bug): it raises its
+    own exception, every peer raises too, naming rank 0, and nobody waits for a timeout."""
+    records = world_records(world, backend)["fault_partition_raises"]
+    assert [r["outcome"] for r in records] == ["error"] * world
+    assert records[0]["error_type"] == "RuntimeError" and records[0]["message"] == "injected partitioner bug"
+    for record in records[1:]:
+        assert record["error_type"] == "RuntimeError", record
+        assert "rank 0 of the data-parallel group failed while partitioning" in record["message"]
+    assert [r["all_reduce_calls"] for r in records] == [2] * world
+    assert max(r["elapsed_s"] for r in records) < SCENARIO_TIMEOUT_S / 2
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_detector_peer_left_waiting_is_caught(world_records, world):
     """Rank 1 skips the call: its peers fail with the group's timeout (not a hang, not a
