@@ -144,6 +144,14 @@ def all_ranks_within_limit(within_limit: bool, group: Any) -> bool:
     return check_within_limit(within_limit, False, group).within_limit
 
 
+def global_rank(group: Any, rank_in_group: int) -> int:
+    """The global rank of ``rank_in_group`` of ``group`` (itself for the default group)."""
+    try:
+        return dist.get_global_rank(group, rank_in_group)
+    except (ValueError, RuntimeError, AttributeError):
+        return rank_in_group
+
+
 def group_rank(group: Any) -> int:
     """This process's rank inside ``group``."""
     return dist.get_rank(group)

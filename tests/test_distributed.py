@@ -229,7 +229,9 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
                     bad_here = [group.index(bad) for bad in scenario.bad_ranks if bad in group]
                     named = bad_here[0] if len(bad_here) == 1 else None
                 if named is not None:
-                    assert f"rank {named}" in message, f"rank {rank} does not name rank {named}: {message}"
+                    assert f"rank {named} " in message, f"rank {rank} does not name rank {named}: {message}"
+                    if group[named] != named:  # a subgroup: the global rank is named too
+                        assert f"(global rank {group[named]})" in message, f"rank {rank}: {message}"
             continue
         assert record["outcome"] == "ok", f"rank {rank} raised {record.get('error_type')}: {record.get('message')}"
         kwargs = scenario.call_kwargs(rank)
@@ -337,6 +339,7 @@ def test_subgroups_agree_on_their_own_count(world_records, backend, name):
         assert [len(r["parts"]) for r in records] == [3, 3, 8, 8]
     if name == "pairs_error_in_one_pair":
         assert [r["outcome"] for r in records] == ["ok", "ok", "error", "error"]
+        assert "rank 1 of the data-parallel group (global rank 3) failed" in records[2]["message"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
