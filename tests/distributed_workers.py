@@ -332,42 +332,44 @@ class _CollectiveCounter:
 
 
 def _scenario_group(kind: str, world: int, backend: str, timeout_s: float) -> Any:
-    """A fresh group of ``kind`` for one scenario; every rank creates every group of that kind,
-    as ``new_group`` requires. None for kinds that need no new group."""
+    """A fresh group of ``kind`` for one scenario ("world", "single", "pairs"; None for the
+    others). Every rank creates every group of the kind, as ``new_group`` requires."""
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=timeout_s)
-    rank = dist.get_rank()
-    if kind == "world":
-        return dist.new_group(list(range(world)), timeout=timeout, backend=backend)
+    members = {
+        "world": [list(range(world))],
+        "single": [[r] for r in range(world)],
+        "pairs": [[first, first + 1] for first in range(0, world, 2)],
+    }.get(kind)
+    if members is None:
+        return dist.group.WORLD if kind == "WORLD" else None
     mine = None
-    if kind == "single":
-        members = [[r] for r in range(world)]
-    elif kind == "pairs":
-        members = [[first, first + 1] for first in range(0, world, 2)]
-    else:
-        return None
     for ranks in members:
-        group = dist.new_group(ranks, timeout=timeout, backend=backend)
-        if rank in ranks:
+        group = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s), backend=backend)
+        if dist.get_rank() in ranks:
             mine = group
+    if backend == "nccl":
+        _warm_up(mine)
     return mine
 
 
-def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCounter) -> dict[str, Any]:
+def _warm_up(group: Any) -> None:
+    """NCCL builds a communicator on a group's first collective (seconds): do that outside the
+    timed and counted call."""
+    import torch
     import torch.distributed as dist
 
+    dist.all_reduce(torch.zeros(1, device="cuda"), group=group)
+    torch.cuda.synchronize()
+
+
+def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCounter) -> dict[str, Any]:
     import seqbal
     from seqbal import rearrange as rearrange_module
 
     kwargs = scenario.call_kwargs(rank)
     lengths = scenario.lengths[rank]
-    if scenario.group == "none":
-        dp_group = None
-    elif scenario.group == "WORLD":
-        dp_group = dist.group.WORLD
-    else:
-        dp_group = group
+    dp_group = group
     api = scenario.api
     if api == "no_mask" and rank not in scenario.bad_ranks:
         api = "dense"
@@ -443,11 +445,13 @@ def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: s
 
         try:
             if backend == "nccl":
-                torch.cuda.set_device(rank)
+                torch.cuda.set_device(rank)  # the parent only runs NCCL worlds with a GPU per rank
             store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=INIT_TIMEOUT_S))
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=INIT_TIMEOUT_S)
             )
+            if backend == "nccl":
+                _warm_up(dist.group.WORLD)
             counter = _CollectiveCounter()
             write({"name": "__ready__", "rank": rank, "entered_wall": entered, "ready_wall": time.time()})
             for scenario in build_scenarios(world):
