@@ -181,10 +181,15 @@ def world_records(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 
 
-def _local_count(scenario: Scenario, rank: int) -> int:
+def _local_plan(scenario: Scenario, rank: int) -> list[list[int]]:
+    """The plan ``rank`` makes alone (no sync), computed in the test process."""
     kwargs = scenario.call_kwargs(rank)
     kwargs["same_micro_num_in_dp"] = False
-    return len(plan_micro_batches(scenario.lengths[rank], **kwargs))
+    return plan_micro_batches(scenario.lengths[rank], **kwargs)
+
+
+def _local_count(scenario: Scenario, rank: int) -> int:
+    return len(_local_plan(scenario, rank))
 
 
 def _expects_error(scenario: Scenario, rank: int, world: int) -> bool:
@@ -253,8 +258,11 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
         # the agreed count is the smallest common one: the largest count any member needs alone
         agreed = max(_local_count(scenario, member) for member in group)
         assert len(parts) == agreed, f"rank {rank}: {len(parts)} micro-batches, group {group} needs {agreed}"
+        if _local_count(scenario, rank) == agreed:  # the agreement changed nothing for this rank
+            assert parts == _local_plan(scenario, rank), f"rank {rank}: synced plan differs from its own"
         for member in group:
-            assert len(records[member]["parts"]) == len(parts), f"ranks {rank} and {member} disagree on the count"
+            theirs = records[member].get("parts")
+            assert theirs is not None and len(theirs) == len(parts), f"ranks {rank} and {member} disagree"
         if scenario.api != "plan":
             assert record["mb_ids"] == parts, f"rank {rank}: micro-batch contents differ from the indices"
             expected_tokens = [sum(lengths[i] for i in part) for part in parts]
