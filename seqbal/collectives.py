@@ -12,7 +12,9 @@ all-reduces per call, whatever the data:
 2. one MIN all-reduce of "every micro-batch is within the cap" after partitioning at the agreed
    count. The partitioner makes this pass the first time (a count feasible on a rank stays
    feasible at any larger count up to its number of groups); the loop around it exists only so
-   that a bug can never let a rank go on with an over-cap micro-batch.
+   that a bug can never let a rank go on with an over-cap micro-batch. The same integer also
+   carries "partitioning raised on this rank", so that an unexpected exception after the first
+   all-reduce is agreed too instead of leaving the peers blocked in this one.
 
 Rank identities are packed into the same integers (``value * world + rank``) so that the MAX
 also tells which rank failed or has the fewest groups, without a third collective.
@@ -26,7 +28,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["Agreement", "is_sync_mode", "agree_on_constraints", "all_ranks_within_limit"]
+__all__ = [
+    "Agreement",
+    "LimitCheck",
+    "is_sync_mode",
+    "agree_on_constraints",
+    "check_within_limit",
+    "all_ranks_within_limit",
+]
 
 
 def is_sync_mode(dp_group: Optional[Any], same_micro_num_in_dp: bool) -> bool:
@@ -105,11 +114,42 @@ def agree_on_constraints(
     )
 
 
+@dataclass(frozen=True)
+class LimitCheck:
+    """What the second all-reduce established, identical on every rank of the group.
+
+    Attributes:
+        within_limit: every rank's partition respects the cap (False if any rank failed).
+        failed_rank: a rank (group-local) whose partitioning raised, -1 if none did.
+    """
+
+    within_limit: bool
+    failed_rank: int
+
+
+def check_within_limit(within_limit: bool, failed: bool, group: Any) -> LimitCheck:
+    """All-reduce (MIN) of one int per rank: ``rank`` if it failed, ``world + rank`` if over the
+    cap, ``2 * world`` if within it. MIN picks a failure first, then an over-cap rank."""
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    value = rank if failed else (2 * world if within_limit else world + rank)
+    flag = torch.tensor([value], dtype=torch.int64, device=_collective_device(group))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    agreed = int(flag.item())
+    return LimitCheck(within_limit=agreed == 2 * world, failed_rank=agreed if agreed < world else -1)
+
+
 def all_ranks_within_limit(within_limit: bool, group: Any) -> bool:
     """All-reduce (MIN) of a local flag: True only if it is True on every rank."""
-    flag = torch.tensor([1 if within_limit else 0], dtype=torch.int64, device=_collective_device(group))
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+    return check_within_limit(within_limit, False, group).within_limit
+
+
+def global_rank(group: Any, rank_in_group: int) -> int:
+    """The global rank of ``rank_in_group`` of ``group`` (itself for the default group)."""
+    try:
+        return dist.get_global_rank(group, rank_in_group)
+    except (ValueError, RuntimeError, AttributeError):
+        return rank_in_group
 
 
 def group_rank(group: Any) -> int:

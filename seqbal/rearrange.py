@@ -240,20 +240,29 @@ def _local_plan(
     return _LocalPlan(group_tokens, group_workloads, g, max_token_len, count, parts)
 
 
-def _cannot_satisfy_agreed(max_token_len: int, count: int, agreement: collectives.Agreement) -> MicroBatchPlanError:
+def _rank_name(group: Any, rank_in_group: int) -> str:
+    """``rank r of the data-parallel group``, plus its global rank when that differs (subgroups)."""
+    name = f"rank {rank_in_group} of the data-parallel group"
+    world_rank = collectives.global_rank(group, rank_in_group)
+    return name if world_rank == rank_in_group else f"{name} (global rank {world_rank})"
+
+
+def _cannot_satisfy_agreed(
+    max_token_len: int, count: int, agreement: collectives.Agreement, group: Any
+) -> MicroBatchPlanError:
     return MicroBatchPlanError(
         f"Cannot satisfy max_token_len={max_token_len} on every data-parallel rank: the ranks need {count} "
-        f"micro-batches each, but rank {agreement.min_groups_rank} has only {agreement.min_groups} "
+        f"micro-batches each, but {_rank_name(group, agreement.min_groups_rank)} has only {agreement.min_groups} "
         f"forced group(s) to fill them; raise max_token_len or balance the samples across ranks",
         MicroBatchPlanError.CANNOT_SATISFY,
     )
 
 
-def _peer_failure(agreement: collectives.Agreement, max_token_len: Any) -> MicroBatchPlanError:
+def _peer_failure(agreement: collectives.Agreement, max_token_len: Any, group: Any) -> MicroBatchPlanError:
     reason = _REASONS.get(agreement.error_code, f"error code {agreement.error_code}")
     prefix = "Cannot satisfy max_token_len: " if agreement.error_code == MicroBatchPlanError.CANNOT_SATISFY else ""
     return MicroBatchPlanError(
-        f"{prefix}rank {agreement.error_rank} of the data-parallel group failed: {reason} "
+        f"{prefix}{_rank_name(group, agreement.error_rank)} failed: {reason} "
         f"(max_token_len={max_token_len!r} here); this rank's own data was valid, see rank "
         f"{agreement.error_rank}'s error for the numbers",
         agreement.error_code,
@@ -311,18 +320,33 @@ def _plan(
             group=dp_group,
         )
         if agreement.error_code:
-            raise problem if problem is not None else _peer_failure(agreement, max_token_len)
+            raise problem if problem is not None else _peer_failure(agreement, max_token_len, dp_group)
         assert local is not None
         step = num_batches_divided_by or 1
         count = roundup_divisible(agreement.count, step)
         while True:
             if count > agreement.min_groups:
-                raise _cannot_satisfy_agreed(max_token_len, count, agreement)
-            candidate = local.partition_at(count)
-            within_limit = candidate is not None and all(
-                int(local.group_tokens[p].sum()) <= max_token_len for p in candidate
-            )
-            if collectives.all_ranks_within_limit(within_limit, dp_group):
+                raise _cannot_satisfy_agreed(max_token_len, count, agreement, dp_group)
+            failure: Optional[BaseException] = None
+            try:
+                candidate = local.partition_at(count)
+                within_limit = (
+                    candidate is not None
+                    and len(candidate) == count
+                    and all(len(p) and int(local.group_tokens[p].sum()) <= max_token_len for p in candidate)
+                )
+            except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
+                candidate, within_limit, failure = None, False, error
+            check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
+            if failure is not None:
+                raise failure
+            if check.failed_rank >= 0:
+                raise RuntimeError(
+                    f"{_rank_name(dp_group, check.failed_rank)} failed while partitioning at the "
+                    f"agreed count {count} (an internal error of seqbal, see that rank's traceback); this "
+                    f"rank's own partition was fine"
+                )
+            if check.within_limit:
                 assert candidate is not None
                 group_parts = candidate
                 break

@@ -1,0 +1,480 @@
+"""Rank-side half of the distributed tests: the scenarios and the process that runs them.
+
+Starting a process that imports torch costs seconds on a small machine, so each world size is
+spawned once and its ranks run every scenario in sequence, each scenario on a fresh process
+group with a short timeout. A rank records one JSON line per scenario (outcome, plan, how many
+collectives it called, how long the call took) and the test process makes every assertion.
+
+The parent reads this module too: :func:`build_scenarios` is deterministic, so the parent knows
+each rank's lengths and expectations without receiving them.
+
+Nothing here asserts; a rank that is wrong must still take part in the next collective, or it
+would turn a wrong answer into a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Optional
+
+import numpy as np
+
+CAP = 4096
+# Timeout of the process group every scenario runs in. A correct call never waits on a peer for
+# more than milliseconds; a rank left behind in a collective fails after this long.
+SCENARIO_TIMEOUT_S = 5.0
+# Timeout of the group the hang self-test deliberately leaves one rank waiting in.
+HANG_TIMEOUT_S = 1.0
+# Longest a rank waits for its peers to finish a scenario (a peer may be waiting out a timeout).
+RESYNC_TIMEOUT_S = 3 * SCENARIO_TIMEOUT_S
+# Rendezvous of the ranks (they may start seconds apart when the machine is busy).
+INIT_TIMEOUT_S = 60.0
+
+# torch.distributed functions that count as "some other collective" when wrapped.
+OTHER_COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "monitored_barrier",
+)
+
+
+@dataclass
+class Scenario:
+    """One call of seqbal on every rank, and what the test expects of it.
+
+    Attributes:
+        name: unique name (also the order key of the results).
+        lengths: effective lengths of each (global) rank's batch.
+        kwargs: keyword arguments of the call on every rank (``max_token_len`` included).
+        rank_kwargs: per-rank overrides of ``kwargs`` (a bad argument on one rank).
+        group: "world" (a fresh group of all ranks), "WORLD" (``dist.group.WORLD``), "none"
+            (``dp_group=None``), "single" (a group of this rank only), "pairs" (ranks 2i and
+            2i+1 form a group).
+        api: "plan" (``plan_micro_batches``), "dense" (``rearrange_micro_batches`` on an
+            attention mask), "jagged" (nested ``input_ids``), "no_mask" (a batch without
+            lengths, on ``bad_ranks`` only; the others get "dense").
+        synced: the call is in sync mode (two all-reduces expected, else none).
+        bad_ranks: {rank: substrings its own message must hold}; empty for a good scenario.
+        cannot_satisfy: every rank's message must start with "Cannot satisfy max_token_len".
+        named_rank: the group-local rank every other rank's message must name (default: the
+            single bad rank, if there is one).
+        hook: "second_pass" (rank 0's first partition fails, forcing a second pass of the
+            within-limit loop), "partition_raises" (rank 0's partitioner raises after the
+            first all-reduce) or "hang" (rank 1 skips the call: the harness must report it).
+    """
+
+    name: str
+    lengths: list[list[int]]
+    kwargs: dict[str, Any]
+    rank_kwargs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    group: str = "world"
+    api: str = "plan"
+    synced: bool = True
+    bad_ranks: dict[int, list[str]] = field(default_factory=dict)
+    cannot_satisfy: bool = False
+    named_rank: Optional[int] = None
+    hook: Optional[str] = None
+
+    @property
+    def expect_error(self) -> bool:
+        return bool(self.bad_ranks) or self.cannot_satisfy
+
+    def call_kwargs(self, rank: int) -> dict[str, Any]:
+        merged = dict(self.kwargs)
+        merged.update(self.rank_kwargs.get(rank, {}))
+        return merged
+
+    def group_of(self, rank: int, world: int) -> list[int]:
+        """Global ranks that must agree with ``rank`` (itself only when not syncing)."""
+        if self.group in ("world", "WORLD") and self.synced:
+            return list(range(world))
+        if self.group == "pairs":
+            return [rank - rank % 2, rank - rank % 2 + 1]
+        return [rank]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: each rank its own batch size and length distribution
+# ---------------------------------------------------------------------------------------------
+
+
+def rank_lengths(rank: int, seed: int, cap: int = CAP) -> list[int]:
+    """A batch whose size and length distribution depend on the rank.
+
+    0: 24 short uniform samples; 1: 40 long-tailed (log-normal) samples; 2: 16 long samples
+    (a third of the cap and up); 3: 64 tiny samples including empty ones. Every sample fits in
+    ``cap``; the ranks' own counts differ, so most ranks must go above their own proposal.
+    """
+    rng = np.random.default_rng(1000 * seed + rank)
+    kind = rank % 4
+    if kind == 0:
+        lengths = rng.integers(1, cap // 4, size=24)
+    elif kind == 1:
+        lengths = np.minimum(rng.lognormal(6.0, 1.2, size=40).astype(np.int64) + 1, cap)
+    elif kind == 2:
+        lengths = rng.integers(cap // 3, cap + 1, size=16)
+    else:
+        lengths = rng.integers(0, 200, size=64)
+    return [int(x) for x in lengths]
+
+
+def build_scenarios(world: int) -> list[Scenario]:
+    """Every scenario a world of ``world`` ranks runs, in order."""
+    ranks = range(world)
+    base = [rank_lengths(r, seed=1) for r in ranks]
+    other = [rank_lengths(r, seed=2) for r in ranks]
+    last = world - 1
+    out: list[Scenario] = []
+    add = out.append
+
+    # --- good data: equal counts, cap, every sample once, round trips ---------------------
+    add(Scenario("plan_mixed", base, {"max_token_len": CAP}))
+    add(Scenario("plan_WORLD", other, {"max_token_len": CAP}, group="WORLD"))
+    add(Scenario("plan_no_balance", base, {"max_token_len": CAP, "use_dynamic_bsz_balance": False}))
+    add(Scenario("plan_divided_by_3", other, {"max_token_len": CAP, "num_batches_divided_by": 3}))
+    add(Scenario("plan_min_count", base, {"max_token_len": CAP, "min_num_micro_batch": 5}))
+    # a rank with one huge batch forces a large count on ranks that would need one micro-batch
+    skewed = [[10] * 30 for _ in ranks]
+    skewed[last] = [CAP] * 9
+    add(Scenario("plan_skewed", skewed, {"max_token_len": CAP}))
+    # rank r needs 5 + r micro-batches of <= 8 tokens (4 + r sevens, ten ones)
+    add(Scenario("plan_tight_cap", [[7] * (4 + r) + [1] * 10 for r in ranks], {"max_token_len": 8}))
+    halves = [[x // 2 for x in rank_lengths(r, seed=3)] for r in ranks]  # pairs fit in the cap
+    even = [x[: 2 * (len(x) // 2)] for x in halves]
+    add(Scenario("plan_forced_groups", even, {"max_token_len": CAP, "force_group_size": 2}))
+    add(Scenario("dense_mixed", base, {"max_token_len": CAP}, api="dense"))
+    add(Scenario("dense_divided_by_2", other, {"max_token_len": CAP, "num_batches_divided_by": 2}, api="dense"))
+    add(Scenario("jagged_mixed", other, {"max_token_len": CAP}, api="jagged"))
+
+    # --- no sync: no collective at all ----------------------------------------------------
+    add(Scenario("nosync_flag", base, {"max_token_len": CAP, "same_micro_num_in_dp": False}, synced=False))
+    add(Scenario("nosync_no_group", base, {"max_token_len": CAP}, group="none", synced=False))
+    add(Scenario("nosync_dense", other, {"max_token_len": CAP}, group="none", api="dense", synced=False))
+    # sync with a one-rank group must equal no sync (compared in the parent)
+    for suffix, kwargs in (("", {}), ("_divided", {"num_batches_divided_by": 2, "min_num_micro_batch": 3})):
+        add(Scenario("single_sync" + suffix, base, {"max_token_len": CAP, **kwargs}, group="single"))
+        add(Scenario("single_nosync" + suffix, base, {"max_token_len": CAP, **kwargs}, group="none", synced=False))
+
+    # --- one rank with bad data, the others fine: every rank raises ValueError -------------
+    def with_bad(lengths: list[int], rank: int = last) -> list[list[int]]:
+        data = [list(x) for x in base]
+        data[rank] = lengths
+        return data
+
+    over = list(base[last])
+    over[3] = CAP + 1
+    add(Scenario("err_sample_over_cap", with_bad(over), {"max_token_len": CAP},
+                 bad_ranks={last: ["exceeds max_token_len", "sample 3", str(CAP + 1)]}))
+    add(Scenario("err_sample_over_cap_dense", with_bad(over), {"max_token_len": CAP}, api="dense",
+                 bad_ranks={last: ["exceeds max_token_len", "sample 3", str(CAP + 1)]}))
+    add(Scenario("err_sample_over_cap_rank0", with_bad([5, CAP + 7, 5], rank=0), {"max_token_len": CAP},
+                 bad_ranks={0: ["exceeds max_token_len", "sample 1", str(CAP + 7)]}))
+    paired = [[100] * (6 + 2 * r) for r in ranks]
+    paired[last] = [100, 100, CAP - 10, 20, 100, 100]
+    add(Scenario("err_forced_group_over_cap", paired, {"max_token_len": CAP, "force_group_size": 2},
+                 bad_ranks={last: ["forced group exceeds max_token_len", "group 1", str(CAP + 10)]}))
+    # the others need 9 micro-batches each; the last rank has only 2 samples
+    few = [[CAP] * 9 for _ in ranks]
+    few[last] = [1, 1]
+    add(Scenario("err_cannot_satisfy_agreed", few, {"max_token_len": CAP}, cannot_satisfy=True, named_rank=last))
+    add(Scenario("err_cannot_satisfy_agreed_dense", few, {"max_token_len": CAP}, api="dense",
+                 cannot_satisfy=True, named_rank=last))
+    # min_num_micro_batch above this rank's sample count: the rank finds it before agreeing
+    local = [list(x) for x in base]
+    local[last] = [1, 2, 3]
+    add(Scenario("err_cannot_satisfy_local", local, {"max_token_len": CAP, "min_num_micro_batch": 4},
+                 bad_ranks={last: ["Cannot satisfy max_token_len"]}, cannot_satisfy=True))
+    add(Scenario("err_empty_batch", with_bad([]), {"max_token_len": CAP}, bad_ranks={last: ["empty"]}))
+    add(Scenario("err_empty_batch_dense", with_bad([]), {"max_token_len": CAP}, api="dense",
+                 bad_ranks={last: ["empty"]}))
+    add(Scenario("err_negative_length", with_bad([5, -2, 5]), {"max_token_len": CAP},
+                 bad_ranks={last: ["negative", "-2"]}))
+    for label, bad in (("zero", 0), ("negative", -8), ("float", 4096.0), ("none", None), ("str", "4096")):
+        add(Scenario(f"err_bad_max_token_len_{label}", base, {"max_token_len": CAP},
+                     rank_kwargs={last: {"max_token_len": bad}}, bad_ranks={last: ["max_token_len", repr(bad)]}))
+    add(Scenario("err_bad_force_group_size", base, {"max_token_len": CAP},
+                 rank_kwargs={last: {"force_group_size": 0}}, bad_ranks={last: ["force_group_size"]}))
+    add(Scenario("err_no_lengths_in_batch", base, {"max_token_len": CAP}, api="no_mask",
+                 bad_ranks={last: ["attention_mask"]}))
+    if world > 2:
+        two_bad = [list(x) for x in base]
+        two_bad[1] = []
+        two_bad[2] = [CAP + 3]
+        add(Scenario("err_two_ranks_differ", two_bad, {"max_token_len": CAP},
+                     bad_ranks={1: ["empty"], 2: ["exceeds max_token_len", str(CAP + 3)]}))
+
+    # --- subgroups: ranks (0, 1), (2, 3), ... each agree on their own count ----------------
+    if world >= 4:
+        sub = [[CAP] * 3, [5] * 10, [CAP] * 8, [5] * 10]
+        add(Scenario("pairs_own_count", sub, {"max_token_len": CAP}, group="pairs"))
+        add(Scenario("pairs_mixed", base, {"max_token_len": CAP}, group="pairs", api="dense"))
+        add(Scenario("pairs_error_in_one_pair", with_bad([]), {"max_token_len": CAP}, group="pairs",
+                     bad_ranks={last: ["empty"]}, named_rank=1))
+
+    # --- the detectors themselves --------------------------------------------------------
+    add(Scenario("detector_second_pass", base, {"max_token_len": CAP}, hook="second_pass"))
+    add(Scenario("fault_partition_raises", base, {"max_token_len": CAP}, hook="partition_raises"))
+    add(Scenario("detector_hang", base, {"max_token_len": CAP}, hook="hang"))
+    names = [s.name for s in out]
+    if len(names) != len(set(names)):
+        raise ValueError(f"duplicate scenario names: {names}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank side
+# ---------------------------------------------------------------------------------------------
+
+
+def _make_batch(lengths: list[int], api: str, seed: int):
+    """A TensorDict whose effective lengths are ``lengths`` (mask ones placed at random)."""
+    import torch
+    from tensordict import TensorDict
+
+    n = len(lengths)
+    width = max(lengths, default=0) + 3
+    gen = torch.Generator().manual_seed(seed)
+    sample_id = torch.arange(n, dtype=torch.long)
+    if api == "jagged":
+        rows = [torch.randint(0, 1000, (length,), generator=gen) for length in lengths]
+        input_ids = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        return TensorDict({"input_ids": input_ids, "sample_id": sample_id}, batch_size=[n])
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        start = int(torch.randint(0, width - length + 1, (1,), generator=gen))
+        mask[i, start : start + length] = 1
+    data = {
+        "input_ids": torch.randint(0, 1000, (n, width), generator=gen) * mask,
+        "sample_id": sample_id,
+        "position_ids": torch.cumsum(mask, -1),
+    }
+    if api != "no_mask":
+        data["attention_mask"] = mask
+    return TensorDict(data, batch_size=[n])
+
+
+def _roundtrip(batch, micro_batches, indices, api: str) -> dict[str, Any]:
+    """What the parent needs to check that micro-batches hold their indices and restore exactly."""
+    import torch
+
+    from seqbal import restore_dynamic_batch
+
+    info: dict[str, Any] = {"mb_ids": [mb["sample_id"].tolist() for mb in micro_batches]}
+    if api == "jagged":
+        info["mb_tokens"] = [int(mb["input_ids"].offsets().diff().sum()) for mb in micro_batches]
+        rows = [row for mb in micro_batches for row in mb["input_ids"].unbind()]
+        output = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        restored = restore_dynamic_batch(output, indices).unbind()
+        original = batch["input_ids"].unbind()
+        info["restored_exact"] = len(restored) == len(original) and all(
+            torch.equal(a, b) for a, b in zip(restored, original)
+        )
+    else:
+        info["mb_tokens"] = [int(mb["attention_mask"].sum()) for mb in micro_batches]
+        restored = restore_dynamic_batch(torch.cat(micro_batches), indices)
+        info["restored_exact"] = set(restored.keys()) == set(batch.keys()) and all(
+            torch.equal(restored[key], batch[key]) for key in batch.keys()
+        )
+    concat_ids = torch.cat([mb["sample_id"] for mb in micro_batches])
+    info["restored_ids"] = restore_dynamic_batch(concat_ids, indices).tolist()
+    return info
+
+
+class _CollectiveCounter:
+    """Wraps torch.distributed's collectives in this process and counts the calls."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.all_reduce = 0
+        self.other: list[str] = []
+        self.devices: list[str] = []
+        original_all_reduce = dist.all_reduce
+
+        def counting_all_reduce(tensor, *args, **kwargs):
+            self.all_reduce += 1
+            self.devices.append(tensor.device.type)
+            return original_all_reduce(tensor, *args, **kwargs)
+
+        dist.all_reduce = counting_all_reduce
+        for name in OTHER_COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is not None:
+                setattr(dist, name, self._counting_other(name, original))
+
+    def _counting_other(self, name, original):
+        def counting(*args, **kwargs):
+            self.other.append(name)
+            return original(*args, **kwargs)
+
+        return counting
+
+    def reset(self) -> None:
+        self.all_reduce = 0
+        self.other = []
+        self.devices = []
+
+
+def _scenario_group(kind: str, world: int, backend: str, timeout_s: float) -> Any:
+    """A fresh group of ``kind`` for one scenario ("world", "single", "pairs"; None for the
+    others). Every rank creates every group of the kind, as ``new_group`` requires."""
+    import torch.distributed as dist
+
+    members = {
+        "world": [list(range(world))],
+        "single": [[r] for r in range(world)],
+        "pairs": [[first, first + 1] for first in range(0, world, 2)],
+    }.get(kind)
+    if members is None:
+        return dist.group.WORLD if kind == "WORLD" else None
+    mine = None
+    for ranks in members:
+        group = dist.new_group(ranks, timeout=timedelta(seconds=timeout_s), backend=backend)
+        if dist.get_rank() in ranks:
+            mine = group
+    if backend == "nccl":
+        _warm_up(mine)
+    return mine
+
+
+def _warm_up(group: Any) -> None:
+    """NCCL builds a communicator on a group's first collective (seconds): do that outside the
+    timed and counted call."""
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1, device="cuda"), group=group)
+    torch.cuda.synchronize()
+
+
+def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCounter) -> dict[str, Any]:
+    import seqbal
+    from seqbal import rearrange as rearrange_module
+
+    kwargs = scenario.call_kwargs(rank)
+    lengths = scenario.lengths[rank]
+    api = scenario.api
+    if api == "no_mask" and rank not in scenario.bad_ranks:
+        api = "dense"
+    batch = None if api == "plan" else _make_batch(lengths, api, seed=rank)
+
+    restore = None
+    if scenario.hook in ("second_pass", "partition_raises") and rank == 0:
+        original = rearrange_module._LocalPlan.partition_at
+        state = {"failed": False}
+
+        def failing_once(self, count):
+            if not state["failed"]:
+                state["failed"] = True
+                if scenario.hook == "partition_raises":
+                    raise RuntimeError("injected partitioner bug")
+                return None
+            return original(self, count)
+
+        rearrange_module._LocalPlan.partition_at = failing_once
+        restore = lambda: setattr(rearrange_module._LocalPlan, "partition_at", original)  # noqa: E731
+
+    record: dict[str, Any] = {"name": scenario.name, "rank": rank}
+    counter.reset()
+    started = time.monotonic()
+    try:
+        if scenario.hook == "hang" and rank == 1:
+            # this rank never joins; it stays alive so that its peers meet the group's timeout
+            # (not a closed socket), which is what a rank stuck elsewhere looks like
+            time.sleep(HANG_TIMEOUT_S * 1.5)
+            parts = None
+            record["skipped_call"] = True
+        elif api == "plan":
+            parts = seqbal.plan_micro_batches(lengths, dp_group=group, **kwargs)
+        else:
+            micro_batches, parts = seqbal.rearrange_micro_batches(batch, dp_group=group, **kwargs)
+            record.update(_roundtrip(batch, micro_batches, parts, api))
+        record["outcome"] = "ok"
+        record["parts"] = parts
+    except Exception as error:  # noqa: BLE001 - every outcome is data for the parent
+        record["outcome"] = "error"
+        record["error_type"] = type(error).__name__
+        record["is_value_error"] = isinstance(error, ValueError)
+        record["message"] = str(error)
+        record["traceback"] = traceback.format_exc(limit=6)
+    finally:
+        if restore is not None:
+            restore()
+    record["elapsed_s"] = time.monotonic() - started
+    record["all_reduce_calls"] = counter.all_reduce
+    record["other_collectives"] = list(counter.other)
+    record["collective_devices"] = list(counter.devices)
+    return record
+
+
+def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: str) -> None:
+    """Entry point of one spawned rank: join the store, run every scenario, log each result."""
+    entered = time.time()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    started = time.monotonic()
+    log_path = os.path.join(out_dir, f"rank{rank}.jsonl")
+    with open(log_path, "w", encoding="utf-8") as log:
+
+        def write(record: dict[str, Any]) -> None:
+            record["since_start_s"] = time.monotonic() - started
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+
+        try:
+            if backend == "nccl":
+                torch.cuda.set_device(rank)  # the parent only runs NCCL worlds with a GPU per rank
+            store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=INIT_TIMEOUT_S))
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=INIT_TIMEOUT_S)
+            )
+            if backend == "nccl":
+                _warm_up(dist.group.WORLD)
+            counter = _CollectiveCounter()
+            write({"name": "__ready__", "rank": rank, "startup_s": time.time() - entered})
+            for scenario in build_scenarios(world):
+                if scenario.hook == "hang" and backend != "gloo":
+                    continue  # NCCL's watchdog aborts the process instead; gloo proves the harness
+                timeout = HANG_TIMEOUT_S if scenario.hook == "hang" else SCENARIO_TIMEOUT_S
+                group = _scenario_group(scenario.group, world, backend, timeout)
+                write(_run_one(scenario, rank, group, counter))
+                # Meet again outside of torch.distributed, so that a scenario that leaves the
+                # ranks out of step (one raised early, its peers timed out) fails alone instead
+                # of breaking every scenario after it.
+                keys = [f"seqbal-test/{scenario.name}/{r}" for r in range(world)]
+                store.set(keys[rank], "done")
+                store.wait(keys, timedelta(seconds=RESYNC_TIMEOUT_S))
+            write({"name": "__done__", "rank": rank})
+        except Exception:  # noqa: BLE001 - the parent reports it
+            write({"name": "__crash__", "rank": rank, "traceback": traceback.format_exc()})
+            raise
+    # no destroy_process_group: after the hang self-test a peer may still hold a dead group, and
+    # tearing it down could block; the process exits and the OS closes the sockets.
+    os._exit(0)
+
+
+def sleep_forever(rank: int) -> None:
+    """A rank that never returns, for the test of the parent's deadline (no torch import)."""
+    while True:
+        time.sleep(60)
