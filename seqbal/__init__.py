@@ -22,6 +22,7 @@ from .rearrange import (
     MicroBatchPlanError,
     effective_lengths,
     get_reverse_idx,
+    plan_data_parallel,
     plan_micro_batches,
     rearrange_micro_batches,
     restore_dynamic_batch,
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "rearrange_micro_batches",
     "plan_micro_batches",
+    "plan_data_parallel",
     "MicroBatchPlanError",
     "effective_lengths",
     "get_reverse_idx",

@@ -9,8 +9,9 @@ figures next to those of the older KK loop, so the gain is visible on the user's
 
 The CLI never shows a traceback: impossible settings print the library's own explanation,
 unreadable input names the file and line, and both exit with code 2 (argparse's usage code).
-The simulation calls the public :func:`~seqbal.plan_micro_batches` only, so what it shows is
-what the library does; no collective is involved (the ranks are simulated in one process).
+The simulation is the public :func:`~seqbal.plan_data_parallel`: the library's own agreement
+protocol with the all-reduces replaced by a max/min over the simulated ranks, so what it shows is
+exactly what each rank would get; no collective is involved.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 from ._kk_loop import kk_loop_plans
 from .metrics import micro_batch_summary
-from .rearrange import MicroBatchPlanError, plan_micro_batches
+from .rearrange import MicroBatchPlanError, plan_data_parallel
 
 __all__ = ["main", "read_lengths", "simulate_ranks", "DEFAULT_SAMPLE"]
 
@@ -217,38 +218,20 @@ def simulate_ranks(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
 ) -> list[list[list[int]]]:
-    """What synced ranks decide, simulated in one process with the public ``plan_micro_batches``.
-
-    First pass: each rank's smallest feasible count. The agreed count is the largest of them,
-    and every rank plans again with ``min_num_micro_batch`` set to it. The partitioner is
-    monotone, so the second pass lands on the agreed count; if a rank ever came back with more,
-    the ranks agree again on the new maximum, as the library's within-limit loop would.
+    """What synced ranks decide: :func:`~seqbal.plan_data_parallel`, the library's own protocol
+    with the all-reduces replaced by a max/min over the simulated ranks.
 
     Raises:
         MicroBatchPlanError: the library's own error, prefixed with the rank when ``dp > 1``.
     """
-
-    def plan(rank: int, minimum: Optional[int]) -> list[list[int]]:
-        try:
-            return plan_micro_batches(
-                rank_lengths[rank],
-                max_token_len,
-                num_batches_divided_by=num_batches_divided_by,
-                min_num_micro_batch=minimum,
-                force_group_size=force_group_size,
-            )
-        except MicroBatchPlanError as error:
-            if len(rank_lengths) == 1:
-                raise
-            raise MicroBatchPlanError(f"rank {rank}: {error}", error.code) from None
-
-    plans = [plan(rank, min_num_micro_batch) for rank in range(len(rank_lengths))]
-    if len(plans) == 1:
-        return plans
-    while len({len(p) for p in plans}) > 1:
-        agreed = max(len(p) for p in plans)
-        plans = [p if len(p) == agreed else plan(rank, agreed) for rank, p in enumerate(plans)]
-    return plans
+    return plan_data_parallel(
+        list(rank_lengths),
+        max_token_len,
+        num_batches_divided_by=num_batches_divided_by,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=False,
+        force_group_size=force_group_size,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "MicroBatchPlanError",
     "effective_lengths",
     "plan_micro_batches",
+    "plan_data_parallel",
     "rearrange_micro_batches",
     "order_for_pipeline",
     "get_reverse_idx",
@@ -243,6 +244,8 @@ def _local_plan(
 def _rank_name(group: Any, rank_in_group: int) -> str:
     """``rank r of the data-parallel group``, plus its global rank when that differs (subgroups)."""
     name = f"rank {rank_in_group} of the data-parallel group"
+    if group is None:
+        return name
     world_rank = collectives.global_rank(group, rank_in_group)
     return name if world_rank == rank_in_group else f"{name} (global rank {world_rank})"
 
@@ -281,6 +284,70 @@ def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[li
     return ordered[::2][::-1] + ordered[1::2]
 
 
+@dataclass
+class _LocalStage:
+    """One rank's outcome before any agreement: a plan, or the error it must report."""
+
+    plan: Optional[_LocalPlan]
+    lengths: Optional[np.ndarray]
+    problem: Optional[Exception]
+    code: int  # MicroBatchPlanError code of ``problem``, 0 without one
+
+
+def _local_stage(
+    get_lengths: Callable[[], LengthsLike],
+    max_token_len: Any,
+    num_batches_divided_by: Any,
+    min_num_micro_batch: Any,
+    force_group_size: Any,
+    *,
+    capture_unexpected: bool,
+) -> _LocalStage:
+    """Validate and plan on this rank's own data, capturing the error instead of raising it.
+
+    With ``capture_unexpected`` (sync mode) any exception is captured, not only ours: an
+    unexpected one must still reach the agreement, or the peers would hang.
+    """
+    try:
+        _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        lengths = _lengths_array(get_lengths())
+        plan = _local_plan(lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        return _LocalStage(plan, lengths, None, 0)
+    except MicroBatchPlanError as error:
+        return _LocalStage(None, None, error, error.code)
+    except Exception as error:  # noqa: BLE001
+        if not capture_unexpected:
+            raise
+        wrapped = MicroBatchPlanError(
+            f"the batch could not be read: {type(error).__name__}: {error}", MicroBatchPlanError.BAD_BATCH
+        )
+        wrapped.__cause__ = error
+        return _LocalStage(None, None, wrapped, wrapped.code)
+
+
+def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[int]]], bool, Optional[Exception]]:
+    """Partition at ``count``: (partition, within the cap with exactly ``count`` non-empty parts, error)."""
+    try:
+        candidate = local.partition_at(count)
+    except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
+        return None, False, error
+    within_limit = (
+        candidate is not None
+        and len(candidate) == count
+        and all(len(p) and int(local.group_tokens[p].sum()) <= local.max_token_len for p in candidate)
+    )
+    return candidate, within_limit, None
+
+
+def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_balance: bool) -> list[list[int]]:
+    """Sample index lists of a group partition, ordered for the pipeline if asked."""
+    assert stage.plan is not None and stage.lengths is not None
+    parts = stage.plan.samples_of(group_parts)
+    if use_dynamic_bsz_balance:
+        parts = order_for_pipeline(parts, calculate_workload(stage.lengths))
+    return parts
+
+
 def _plan(
     get_lengths: Callable[[], LengthsLike],
     max_token_len: int,
@@ -292,69 +359,47 @@ def _plan(
     force_group_size: int,
 ) -> list[list[int]]:
     sync = collectives.is_sync_mode(dp_group, same_micro_num_in_dp)
-    local: Optional[_LocalPlan] = None
-    problem: Optional[Exception] = None
-    problem_code = 0
-    try:
-        _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
-        lengths = _lengths_array(get_lengths())
-        local = _local_plan(lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
-    except MicroBatchPlanError as error:
-        problem, problem_code = error, error.code
-    except Exception as error:  # noqa: BLE001 - anything unexpected must still reach the agreement
-        if not sync:
-            raise
-        problem, problem_code = error, MicroBatchPlanError.BAD_BATCH
+    stage = _local_stage(
+        get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
+        capture_unexpected=sync,
+    )
     if not sync:
-        if problem is not None:
-            raise problem
-        assert local is not None
-        group_parts = local.parts
-    else:
-        # Every rank reaches this all-reduce, failing or not: see the module docstring.
-        agreement = collectives.agree_on_constraints(
-            proposal=local.count if local else 0,
-            max_group_tokens=int(local.group_tokens.max()) if local else 0,
-            num_groups=local.num_groups if local else 0,
-            error_code=problem_code,
-            group=dp_group,
-        )
-        if agreement.error_code:
-            raise problem if problem is not None else _peer_failure(agreement, max_token_len, dp_group)
-        assert local is not None
-        step = num_batches_divided_by or 1
-        count = roundup_divisible(agreement.count, step)
-        while True:
-            if count > agreement.min_groups:
-                raise _cannot_satisfy_agreed(max_token_len, count, agreement, dp_group)
-            failure: Optional[BaseException] = None
-            try:
-                candidate = local.partition_at(count)
-                within_limit = (
-                    candidate is not None
-                    and len(candidate) == count
-                    and all(len(p) and int(local.group_tokens[p].sum()) <= max_token_len for p in candidate)
-                )
-            except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
-                candidate, within_limit, failure = None, False, error
-            check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
-            if failure is not None:
-                raise failure
-            if check.failed_rank >= 0:
-                raise RuntimeError(
-                    f"{_rank_name(dp_group, check.failed_rank)} failed while partitioning at the "
-                    f"agreed count {count} (an internal error of seqbal, see that rank's traceback); this "
-                    f"rank's own partition was fine"
-                )
-            if check.within_limit:
-                assert candidate is not None
-                group_parts = candidate
-                break
-            count += step
-    parts = local.samples_of(group_parts)
-    if use_dynamic_bsz_balance:
-        parts = order_for_pipeline(parts, calculate_workload(lengths))
-    return parts
+        if stage.problem is not None:
+            raise stage.problem
+        assert stage.plan is not None
+        return _finish(stage, stage.plan.parts, use_dynamic_bsz_balance)
+
+    local = stage.plan
+    # Every rank reaches this all-reduce, failing or not: see the module docstring.
+    agreement = collectives.agree_on_constraints(
+        proposal=local.count if local else 0,
+        max_group_tokens=int(local.group_tokens.max()) if local else 0,
+        num_groups=local.num_groups if local else 0,
+        error_code=stage.code,
+        group=dp_group,
+    )
+    if agreement.error_code:
+        raise stage.problem if stage.problem is not None else _peer_failure(agreement, max_token_len, dp_group)
+    assert local is not None
+    step = num_batches_divided_by or 1
+    count = roundup_divisible(agreement.count, step)
+    while True:
+        if count > agreement.min_groups:
+            raise _cannot_satisfy_agreed(max_token_len, count, agreement, dp_group)
+        candidate, within_limit, failure = _try_partition(local, count)
+        check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
+        if failure is not None:
+            raise failure
+        if check.failed_rank >= 0:
+            raise RuntimeError(
+                f"{_rank_name(dp_group, check.failed_rank)} failed while partitioning at the "
+                f"agreed count {count} (an internal error of seqbal, see that rank's traceback); this "
+                f"rank's own partition was fine"
+            )
+        if check.within_limit:
+            assert candidate is not None
+            return _finish(stage, candidate, use_dynamic_bsz_balance)
+        count += step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,6 +466,79 @@ def plan_micro_batches(
         use_dynamic_bsz_balance,
         force_group_size,
     )
+
+
+def plan_data_parallel(
+    rank_seq_lens: Sequence[LengthsLike],
+    max_token_len: int,
+    num_batches_divided_by: Optional[int] = None,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> list[list[list[int]]]:
+    """What synced data-parallel ranks would decide, computed in one process, no collective.
+
+    ``rank_seq_lens[r]`` is the effective lengths rank ``r`` would pass to
+    :func:`plan_micro_batches` with a ``dp_group`` of ``len(rank_seq_lens)`` ranks. The same
+    protocol runs with the all-reduces replaced by a max/min over the list, so the result is
+    exactly what each rank would get: use it to check a length distribution, a cap and a
+    data-parallel size before launching (the ``seqbal plan --dp N`` command does).
+
+    Returns:
+        Per rank, the micro-batches as ascending index lists into that rank's lengths; every
+        rank has the same count, with every guarantee of :func:`plan_micro_batches`.
+
+    Raises:
+        ValueError: (:class:`MicroBatchPlanError`) the error the failing rank would raise (the
+            one with the largest code, the highest rank on ties), its message prefixed with
+            ``rank r:`` when there is more than one rank; or ``Cannot satisfy max_token_len``
+            when the agreed count exceeds some rank's number of groups.
+
+    Examples:
+        >>> [len(parts) for parts in plan_data_parallel([[7] * 8, [1] * 8], 8)]
+        [8, 8]
+    """
+    if len(rank_seq_lens) == 0:
+        raise MicroBatchPlanError("rank_seq_lens is empty: give one length list per rank", MicroBatchPlanError.BAD_ARGUMENT)
+    stages = [
+        _local_stage(
+            (lambda lengths=lengths: lengths), max_token_len, num_batches_divided_by, min_num_micro_batch,
+            force_group_size, capture_unexpected=False,
+        )
+        for lengths in rank_seq_lens
+    ]
+    world = len(stages)
+    failing = [rank for rank, stage in enumerate(stages) if stage.problem is not None]
+    if failing:
+        # The same rank the packed MAX all-reduce would report: largest code, then highest rank.
+        rank = max(failing, key=lambda r: (stages[r].code, r))
+        problem = stages[rank].problem
+        if world == 1:
+            raise problem
+        raise MicroBatchPlanError(f"rank {rank}: {problem}", stages[rank].code) from problem
+    plans = [stage.plan for stage in stages]
+    min_groups_rank = max(range(world), key=lambda r: (-plans[r].num_groups, r))
+    agreement = collectives.Agreement(
+        count=max(plan.count for plan in plans),
+        max_group_tokens=max(int(plan.group_tokens.max()) for plan in plans),
+        min_groups=plans[min_groups_rank].num_groups,
+        min_groups_rank=min_groups_rank,
+        error_code=0,
+        error_rank=-1,
+        world_size=world,
+    )
+    step = num_batches_divided_by or 1
+    count = roundup_divisible(agreement.count, step)
+    while True:
+        if count > agreement.min_groups:
+            raise _cannot_satisfy_agreed(max_token_len, count, agreement, None)
+        attempts = [_try_partition(plan, count) for plan in plans]
+        for candidate, _, failure in attempts:
+            if failure is not None:
+                raise failure
+        if all(within for _, within, _ in attempts):
+            return [_finish(stage, candidate, use_dynamic_bsz_balance) for stage, (candidate, _, _) in zip(stages, attempts)]
+        count += step
 
 
 def rearrange_micro_batches(

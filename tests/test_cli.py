@@ -222,7 +222,7 @@ def test_missing_file():
         (["--group-size", "0"], ["force_group_size must be an int >= 1, got 0"]),
         (["--divisible-by", "0"], ["num_batches_divided_by must be None or an int >= 1, got 0"]),
         (["--min-micro-batches", "801"], ["Cannot satisfy max_token_len=4096"]),
-        (["--dp", "8", "--min-micro-batches", "101"], ["rank 0: Cannot satisfy max_token_len=4096"]),
+        (["--dp", "8", "--min-micro-batches", "101"], ["rank 7: Cannot satisfy max_token_len=4096"]),
         (["--dp", "0"], ["--dp must be >= 1, got 0"]),
         (["--dp", "801"], ["cannot split 800 group(s)"]),
     ],

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from filelock import FileLock
 
-import distributed_workers as workers
-from distributed_workers import CAP, HANG_TIMEOUT_S, SCENARIO_TIMEOUT_S, Scenario, build_scenarios
-from invariants import assert_plan_invariants
+from . import distributed_workers as workers
+from .distributed_workers import CAP, HANG_TIMEOUT_S, SCENARIO_TIMEOUT_S, Scenario, build_scenarios
+from .invariants import assert_plan_invariants
 from seqbal import plan_micro_batches
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")

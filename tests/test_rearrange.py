@@ -17,6 +17,7 @@ from seqbal import (
     effective_lengths,
     get_reverse_idx,
     karmarkar_karp,
+    plan_data_parallel,
     plan_micro_batches,
     rearrange_micro_batches,
     restore_dynamic_batch,
@@ -333,3 +334,40 @@ def test_rearrange_round_trip_property(lengths, cap):
         assert int(micro_batch["attention_mask"].sum()) <= cap
     restored = restore_dynamic_batch(torch.cat(micro_batches), indices)
     assert (restored == batch).all()
+
+
+# ------------------------------------------------------------------ in-process data-parallel simulation
+
+
+def test_plan_data_parallel_agrees_on_the_largest_count():
+    ranks = [[7] * 8, [1] * 8, [3] * 8]
+    plans = plan_data_parallel(ranks, 8)
+    alone = [len(plan_micro_batches(lengths, 8)) for lengths in ranks]
+    assert alone == [8, 1, 4]  # two 3s per micro-batch: 4, not ceildiv(24, 8) = 3
+    assert [len(p) for p in plans] == [8, 8, 8]
+    for lengths, parts in zip(ranks, plans):
+        assert_plan_invariants(lengths, parts, 8)
+
+
+def test_plan_data_parallel_errors_name_the_rank():
+    with pytest.raises(ValueError, match=r"rank 1: sample 0 has 9 tokens, which exceeds max_token_len=8"):
+        plan_data_parallel([[1, 2], [9, 1]], 8)
+    with pytest.raises(ValueError, match=r"Cannot satisfy max_token_len=8 .* rank 1 of the data-parallel group has only 2"):
+        plan_data_parallel([[8] * 5, [1, 1]], 8)
+    with pytest.raises(ValueError, match="empty"):
+        plan_data_parallel([], 8)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=20), min_size=1, max_size=4), st.integers(50, 120))
+def test_plan_data_parallel_single_rank_equals_plan_and_invariants_hold(ranks, cap):
+    try:
+        plans = plan_data_parallel(ranks, cap)
+    except ValueError as error:
+        assert "Cannot satisfy max_token_len" in str(error)
+        return
+    assert len({len(p) for p in plans}) == 1
+    assert len(plans[0]) == max(len(plan_micro_batches(lengths, cap)) for lengths in ranks)
+    for lengths, parts in zip(ranks, plans):
+        assert_plan_invariants(lengths, parts, cap)
+    assert plan_data_parallel(ranks[:1], cap) == [plan_micro_batches(ranks[0], cap)]
