@@ -1,4 +1,4 @@
-"""Every code snippet in docs/*.md runs, so the docs cannot drift from the code.
+"""Every code snippet in docs/*.md and README.md runs, so the docs cannot drift from the code.
 
 - ```` ```python ```` blocks of one page run in order in one namespace (a page is a story:
   later blocks use what earlier ones defined). A block whose info string contains ``no-run``
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]  # the README snippets too
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
 
 
