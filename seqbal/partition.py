@@ -100,12 +100,20 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
 
     Every state is a k-tuple of part sums kept in descending order; the two states with the
     largest spread (max - min) are merged by pairing the largest part of one with the smallest
-    of the other, until one state is left. Ties are broken by part size and creation order,
-    so the result is deterministic. Empty parts sort after non-empty parts of equal sum, which
-    makes every part non-empty whenever ``len(seqlen_list) >= k_partitions``.
+    of the other, until one state is left. Ties are broken by part size and position, and
+    between states by creation order, so the result is deterministic. Empty parts sort after
+    non-empty parts of equal sum, which makes every part non-empty whenever
+    ``len(seqlen_list) >= k_partitions``.
 
-    Complexity: O(n k log k) arithmetic in NumPy and O(n log n) interpreter steps for the heap;
-    memory O(n k) int32 for the merge tree (resolved once at the end).
+    A state stores only its non-empty parts (the empty ones are an implicit zero tail), so a
+    merge touches only the parts of the smaller state and the overlap: merging a state of
+    ``a`` parts with one of ``b`` parts pairs ``max(0, a + b - k)`` of them and inserts the rest.
+    Every pairing lowers the number of non-empty parts by one, so there are at most ``n - k``
+    of them in the whole run, and the typical merge (a full state and a single item) is one
+    binary-search insertion.
+
+    Complexity: O(n log n) heap steps plus O(log k) per inserted part and a C-level list
+    insertion of at most ``k`` entries; O(n) memory (a merge tree of parts, resolved at the end).
 
     Args:
         seqlen_list: non-negative values to balance (lengths or workloads).
@@ -135,69 +143,61 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     if k == 1:
         return [list(range(n))]
 
-    order = np.lexsort((np.arange(n), values))  # ascending value, index breaks ties
-    # Per node: part sums and part sizes in descending (sum, size) order. Leaves hold items.
-    node_sums: list[Optional[np.ndarray]] = []
-    node_sizes: list[Optional[np.ndarray]] = []
-    parent: list[int] = []
-    parent_map: list[Optional[np.ndarray]] = []  # node slot -> parent slot
-    leaf_items: list[tuple[np.ndarray, np.ndarray]] = []  # (leaf node, items, their slots)
-    heap: list[tuple[int, int, int, int]] = []
+    order = np.lexsort((np.arange(n), values)).tolist()  # ascending value, index breaks ties
+    value_list = values.tolist()
+    # A state is the list of its non-empty parts as (-sum, -size, part id), in descending
+    # (sum, size) order (ascending tuples, so bisect works). Part ids below n are the items
+    # themselves; a paired part gets the next id and its two children are recorded.
+    children: list[tuple[int, int]] = []
+    states: dict[int, list[tuple[int, int, int]]] = {}
 
-    def push(node: int) -> None:
-        sums, sizes = node_sums[node], node_sizes[node]
-        heapq.heappush(heap, (-int(sums[0] - sums[-1]), -int(sums[0]), -int(sizes[0]), node))
+    def entry(node: int, parts: list[tuple[int, int, int]]) -> tuple[int, int, int, int]:
+        states[node] = parts
+        top = -parts[0][0]
+        bottom = -parts[-1][0] if len(parts) == k else 0  # an empty part is the smallest
+        return (bottom - top, -top, parts[0][1], node)  # largest spread, sum, size; oldest
 
     if equal_size:
-        chunks = [order[offset:offset + k] for offset in range(0, n, k)]
+        chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
     else:
-        chunks = [order[i:i + 1] for i in range(n)]
-    for chunk in chunks:
-        node = len(node_sums)
-        chunk_desc = chunk[::-1]  # descending value: slot i holds the i-th largest
-        sums = np.zeros(k, dtype=np.int64)
-        sizes = np.zeros(k, dtype=np.int64)
-        sums[: len(chunk_desc)] = values[chunk_desc]
-        sizes[: len(chunk_desc)] = 1
-        node_sums.append(sums)
-        node_sizes.append(sizes)
-        parent.append(-1)
-        parent_map.append(None)
-        leaf_items.append((np.int64(node), chunk_desc, np.arange(len(chunk_desc))))
-        push(node)
+        chunks = [[i] for i in order]
+    heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+    heapq.heapify(heap)
 
-    reversed_slots = np.arange(k - 1, -1, -1)
+    next_node = len(heap)
     while len(heap) > 1:
-        first = heapq.heappop(heap)[3]
-        second = heapq.heappop(heap)[3]
-        sums = node_sums[first] + node_sums[second][::-1]
-        sizes = node_sizes[first] + node_sizes[second][::-1]
-        new_order = np.lexsort((-sizes, -sums))  # descending sum, then descending size
-        new_slot = np.empty(k, dtype=np.int32)
-        new_slot[new_order] = np.arange(k, dtype=np.int32)
-        node = len(node_sums)
-        node_sums.append(sums[new_order])
-        node_sizes.append(sizes[new_order])
-        parent.append(-1)
-        parent_map.append(None)
-        for child, child_map in ((first, new_slot), (second, new_slot[reversed_slots])):
-            parent[child] = node
-            parent_map[child] = child_map
-            node_sums[child] = None
-            node_sizes[child] = None
-        push(node)
+        parts = states.pop(heapq.heappop(heap)[3])
+        other = states.pop(heapq.heappop(heap)[3])
+        a, b = len(parts), len(other)
+        # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+        # positions below k - b meet an empty part of the other state and stay as they are.
+        new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+        for i in range(k - b, a):
+            mine, theirs = parts[i], other[k - 1 - i]
+            children.append((mine[2], theirs[2]))
+            new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+        for j in range(min(k - a, b)):
+            new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+        new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+        del parts[min(a, k - b):]
+        if len(new) <= 16:
+            for neg_sum, neg_size, _, part in new:
+                # after every part of equal key: the kept parts all have lower positions
+                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, n + len(children))), (neg_sum, neg_size, part))
+        else:
+            merged = sorted([(p[0], p[1], i, p[2]) for i, p in enumerate(parts)] + new)
+            parts = [(p[0], p[1], p[3]) for p in merged]
+        heapq.heappush(heap, entry(next_node, parts))
+        next_node += 1
 
-    # Resolve the merge tree top-down: final_slot[node][s] = final part of node's slot s.
-    root = heap[0][3]
-    final_slot: list[Optional[np.ndarray]] = [None] * len(node_sums)
-    final_slot[root] = np.arange(k, dtype=np.int32)
-    for node in range(root - 1, -1, -1):
-        final_slot[node] = final_slot[parent[node]][parent_map[node]]
-        parent_map[node] = None
-    assignment = np.empty(n, dtype=np.int64)
-    for leaf, items, slots in leaf_items:
-        assignment[items] = final_slot[int(leaf)][slots]
-    return _groups_from_assignment(assignment, k)
+    # Resolve the merge tree: a paired part's children inherit its final part.
+    label = [0] * (n + len(children))
+    for part, (_, _, part_id) in enumerate(states[heap[0][3]]):
+        label[part_id] = part
+    for combined in range(len(children) - 1, -1, -1):
+        left, right = children[combined]
+        label[left] = label[right] = label[n + combined]
+    return _groups_from_assignment(np.array(label[:n], dtype=np.int64), k)
 
 
 def _groups_from_assignment(assignment: np.ndarray, k: int) -> list[list[int]]:
