@@ -165,6 +165,7 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     heapq.heapify(heap)
 
     next_node = len(heap)
+    after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
     while len(heap) > 1:
         parts = states.pop(heapq.heappop(heap)[3])
         other = states.pop(heapq.heappop(heap)[3])
@@ -180,13 +181,20 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
             new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
         new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
         del parts[min(a, k - b):]
+        # Each new part goes after every kept part of equal key (the kept parts all have lower
+        # positions); ``after_ties`` compares above any part id.
         if len(new) <= 16:
             for neg_sum, neg_size, _, part in new:
-                # after every part of equal key: the kept parts all have lower positions
-                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, n + len(children))), (neg_sum, neg_size, part))
-        else:
-            merged = sorted([(p[0], p[1], i, p[2]) for i, p in enumerate(parts)] + new)
-            parts = [(p[0], p[1], p[3]) for p in merged]
+                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+        else:  # one linear merge: C-level slice copies between binary searches
+            merged, start = [], 0
+            for neg_sum, neg_size, _, part in new:
+                end = bisect.bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                merged += parts[start:end]
+                merged.append((neg_sum, neg_size, part))
+                start = end
+            merged += parts[start:]
+            parts = merged
         heapq.heappush(heap, entry(next_node, parts))
         next_node += 1
 
