@@ -668,20 +668,26 @@ def smallest_feasible_partitions(
     min_count: int = 1,
     step: int = 1,
 ) -> tuple[int, Optional[list[list[int]]]]:
-    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which
-    :func:`capped_balanced_partitions` succeeds, and its partition.
+    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which a balanced
+    cap-respecting partition is found, and that partition.
 
-    The scan starts at the larger of ``min_count`` and :func:`packing_lower_bound` (rounded up to
-    ``step``) and never goes past the count of a best-fit-decreasing packing rounded up to
-    ``step``, where step 4 of :func:`capped_balanced_partitions` always succeeds. If even that
-    count exceeds the number of items, ``(count, None)`` is returned so the caller can report
-    what was needed.
+    Two candidates, the smaller wins: the bound ``k0``, the larger of ``min_count`` and
+    :func:`packing_lower_bound` rounded up to ``step``, where :func:`capped_balanced_partitions`
+    is tried once (repaired KK, the best balance); and the count of a best-fit-decreasing
+    packing rounded up to ``step``, where :func:`capped_balanced_partitions` always succeeds
+    (step 4 splits the packing). Counts strictly between are not tried: on tight inputs every
+    one of them fails the same way the bound does (measured in docs/benchmarks.md), and each
+    try costs two KK passes, which made the old scan the slowest part of a call.
+    If the count exceeds the number of items, ``(count, None)`` is returned so the caller can
+    report what was needed.
 
-    Complexity: O(n log n) for the bound, plus one :func:`capped_balanced_partitions` per count
-    tried; on realistic data the first or second count succeeds.
+    Complexity: O(n log n) for the bound and the packing, plus at most two
+    :func:`capped_balanced_partitions` calls.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
+    >>> smallest_feasible_partitions([5, 5, 5, 5, 4, 4], [5, 5, 5, 5, 4, 4], 10, step=2)[0]
+    4
     """
     size = _as_int_array(tokens, "tokens")
     work = _as_int_array(workloads, "workloads")
@@ -690,16 +696,15 @@ def smallest_feasible_partitions(
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
     k = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
-    packing: Optional[list[list[int]]] = None
-    packed_count: Optional[int] = None
-    while k <= n:
-        if packed_count is not None and k >= packed_count:
-            return k, capped_balanced_partitions(size, work, capacity, k, feasible=packing)
+    if k > n:
+        return k, None
+    packing = best_fit_decreasing_partitions(size, capacity)
+    packed_count = roundup_divisible(len(packing), step)
+    if k < packed_count:
         parts = capped_balanced_partitions(size, work, capacity, k)
         if parts is not None:
             return k, parts
-        if packing is None:
-            packing = best_fit_decreasing_partitions(size, capacity)
-            packed_count = roundup_divisible(len(packing), step)
-        k += step
-    return k, None
+        k = packed_count
+        if k > n:
+            return k, None
+    return k, capped_balanced_partitions(size, work, capacity, k, feasible=packing)
