@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from itertools import chain
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -86,8 +87,18 @@ def partition_sums(values: IntSequence, partitions: Sequence[Sequence[int]]) -> 
     >>> partition_sums([5, 1, 2], [[0], [1, 2]]).tolist()
     [5, 3]
     """
-    array = _as_int_array(values, "values")
-    return np.array([int(array[list(part)].sum()) if len(part) else 0 for part in partitions], dtype=np.int64)
+    return _part_sums(_as_int_array(values, "values"), partitions)
+
+
+def _part_sums(values: np.ndarray, parts: Sequence[Sequence[int]]) -> np.ndarray:
+    """Exact int64 sum of ``values`` over each part (parts may be empty), in one NumPy pass. O(n)."""
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    if not len(parts):
+        return np.zeros(0, dtype=np.int64)
+    flat = np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=int(sizes.sum()))
+    starts = np.cumsum(sizes) - sizes
+    sums = np.add.reduceat(np.append(values[flat], 0), starts)  # the 0 makes a final empty part valid
+    return np.where(sizes > 0, sums, 0)  # reduceat yields the next value, not 0, for an empty part
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,8 +438,8 @@ class _Bins:
         self.tokens_of = tokens
         self.work_of = workloads
         self.members: list[list[int]] = [list(p) for p in parts]
-        self.tokens = np.array([int(tokens[p].sum()) if len(p) else 0 for p in self.members], dtype=np.int64)
-        self.work = np.array([int(workloads[p].sum()) if len(p) else 0 for p in self.members], dtype=np.int64)
+        self.tokens = _part_sums(tokens, self.members)
+        self.work = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members)
 
     def move(self, item: int, source: int, target: int) -> None:
         self.members[source].remove(item)
@@ -611,7 +622,7 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
 
 
 def _within(parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> bool:
-    return all(int(tokens[p].sum()) <= capacity for p in parts)
+    return bool((_part_sums(tokens, parts) <= capacity).all())
 
 
 def capped_balanced_partitions(
