@@ -170,9 +170,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
 
     if equal_size:
         chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
-    else:
-        chunks = [[i] for i in order]
-    heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+        heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty); inlined
+        states.update((node, [(-value_list[i], -1, i)]) for node, i in enumerate(order))
+        heap = [(-value_list[i], -value_list[i], -1, node) for node, i in enumerate(order)]
     heapq.heapify(heap)
 
     next_node = len(heap)
@@ -181,6 +182,16 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
         parts = states.pop(heapq.heappop(heap)[3])
         other = states.pop(heapq.heappop(heap)[3])
         a, b = len(parts), len(other)
+        if b == 1:  # the common merge, with a single item: one pairing or one insertion
+            single = other[0]
+            if a == k:
+                smallest = parts.pop()
+                children.append((smallest[2], single[2]))
+                single = (smallest[0] + single[0], smallest[1] + single[1], n + len(children) - 1)
+            parts.insert(bisect.bisect_right(parts, (single[0], single[1], after_ties)), single)
+            heapq.heappush(heap, entry(next_node, parts))
+            next_node += 1
+            continue
         # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
         # positions below k - b meet an empty part of the other state and stay as they are.
         new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
