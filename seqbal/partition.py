@@ -737,6 +737,8 @@ def smallest_feasible_partitions(
         repaired = repair_over_capacity(kk_by_count[count], size, capacity)
         if repaired is None:
             repaired = repair_over_capacity(_greedy_balance(size, count), size, capacity)
+        if repaired is None:
+            repaired = repair_over_capacity(karmarkar_karp(size, count, equal_size=False), size, capacity)
         return repaired
 
     failed, found, found_parts = k, packed_count, None  # counts, multiples of step

@@ -27,7 +27,7 @@ SMOKE = run.Grid(
 
 @pytest.fixture(scope="module")
 def smoke():
-    return run.run_grid(SMOKE, log=lambda *_: None)
+    return run.run_grid(SMOKE, log=lambda *_, **__: None)
 
 
 def test_every_expected_row_is_there(smoke):
