@@ -697,15 +697,18 @@ def smallest_feasible_partitions(
     :func:`packing_lower_bound`, rounded up to ``step``) and the count of a best-fit-decreasing
     packing rounded up to ``step``, where :func:`capped_balanced_partitions` always succeeds
     (its step 4 splits the packing). :func:`capped_balanced_partitions` is tried at ``k0``; if
-    that fails, the counts in between are bisected, on the observation that once a repaired KK
-    meets the cap at some count it meets it at every larger count on realistic inputs (checked
-    count by count in docs/benchmarks.md). Each try costs two KK passes, so the bisection's
-    ``log2`` tries replace the linear scan that made the count search the slowest part of a call.
+    that fails, the counts in between are bisected. A try at a count repairs KK on workloads
+    (kept: if it meets the cap as it is, it is the answer), else an LPT token balance, else KK
+    on tokens, so it succeeds whenever a try of the older linear scan did. Bisection assumes
+    that a count that works is followed by counts that work; on inputs where that fails, the
+    count found can exceed the smallest working count (never seen on the benchmark grid nor
+    on 3000 random small inputs, see docs/benchmarks.md), and it never exceeds the BFD count.
     If the count exceeds the number of items, ``(count, None)`` is returned so the caller can
     report what was needed.
 
-    Complexity: O(n log n) for the bound and the packing, plus
-    ``2 + log2((bfd - k0) / step)`` :func:`capped_balanced_partitions` calls at most.
+    Complexity: O(n log n) for the bound and the packing, one
+    :func:`capped_balanced_partitions` call, plus ``log2((bfd - k0) / step)`` tries of at most
+    two KK passes each, and one more :func:`capped_balanced_partitions` call if none succeeds.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
@@ -728,8 +731,7 @@ def smallest_feasible_partitions(
     parts = capped_balanced_partitions(size, work, capacity, k)
     if parts is not None:
         return k, parts
-    # Bisect (k, packed_count]: a try is KK on workloads (kept, it is also the balanced answer)
-    # repaired, else a greedy token balance repaired; one KK pass per try instead of two.
+    # Bisect (k, packed_count]. Cheapest attempt first: a successful try usually costs one KK.
     kk_by_count: dict[int, list[list[int]]] = {}
 
     def try_count(count: int) -> Optional[list[list[int]]]:
