@@ -106,10 +106,14 @@ def _median_ms(fn, repeats: int) -> tuple[float, float, object]:
 
 def make_batch(lengths: np.ndarray) -> TensorDict:
     """A verl-shaped batch: a left-aligned 2-D attention mask (bool, to keep the 16384-sample
-    cases in memory) and a per-sample id."""
+    cases in memory) and a per-sample id. Built in row blocks: a single broadcast comparison
+    materialises int64 temporaries of the full mask size (gigabytes at 16384 samples)."""
     width = int(lengths.max())
-    lengths_t = torch.as_tensor(lengths)
-    mask = torch.arange(width).unsqueeze(0) < lengths_t.unsqueeze(1)
+    mask = torch.empty(len(lengths), width, dtype=torch.bool)
+    columns = torch.arange(width, dtype=torch.int32).unsqueeze(0)
+    lengths_t = torch.as_tensor(lengths, dtype=torch.int32).unsqueeze(1)
+    for start in range(0, len(lengths), 512):
+        torch.lt(columns, lengths_t[start:start + 512], out=mask[start:start + 512])
     return TensorDict({"attention_mask": mask, "uid": torch.arange(len(lengths))}, batch_size=[len(lengths)])
 
 
@@ -272,27 +276,31 @@ def targets(rows: Sequence[Row], rss: Optional[dict] = None) -> list[str]:
 
 
 def measure_rss(family: str = "lognormal", n: int = 16384, caps: Sequence[int] = (4096, 16384, 32768)) -> dict:
-    """Peak RSS of a fresh process that plans (and, separately, rearranges) one batch of ``n``."""
+    """Peak RSS of a fresh process: after imports and lengths, after the plan, and after
+    building the batch and rearranging it (the batch itself is reported separately)."""
     result = {}
     for cap in caps:
         code = (
-            "import resource, sys, numpy as np; sys.path.insert(0, %r)\n"
+            "import resource, sys; sys.path.insert(0, %r)\n"
             "from benchmarks import workloads, run\n"
             "from seqbal import plan_micro_batches, rearrange_micro_batches\n"
+            "peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "L, g = workloads.SYNTHETIC[%r](%d, %d, workloads.case_seed(%r, %d, %d))\n"
-            "batch = run.make_batch(L)\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "base = peak()\n"
             "plan_micro_batches(L, %d, force_group_size=g)\n"
-            "mid = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "planned = peak()\n"
+            "batch = run.make_batch(L)\n"
+            "built = peak()\n"
             "rearrange_micro_batches(batch, %d, force_group_size=g)\n"
-            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-            "print(before, mid, after)\n"
+            "print(base, planned, built, peak(), batch['attention_mask'].numel())\n"
         ) % (str(REPO_ROOT), family, n, cap, family, n, cap, cap, cap)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
-        before, mid, after = (int(x) / 1024 for x in out.stdout.split()[-3:])
+        base, planned, built, after, mask_bytes = (int(x) for x in out.stdout.split()[-5:])
+        mib = 1024.0  # ru_maxrss is in KiB on Linux
         result[f"{family}, n={n}, cap={cap}"] = (
-            f"{mid:.0f} MiB after plan ({mid - before:+.0f} MiB over the {before:.0f} MiB of interpreter, torch and "
-            f"data), {after:.0f} MiB after rearrange"
+            f"plan: peak {planned / mib:.0f} MiB, {(planned - base) / mib:+.0f} MiB over the {base / mib:.0f} MiB of "
+            f"interpreter, torch and lengths; rearrange: peak {after / mib:.0f} MiB, {(after - built) / mib:+.0f} MiB "
+            f"over the process with its {mask_bytes / 2**20:.0f} MiB mask built"
         )
     return result
 
