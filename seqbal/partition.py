@@ -657,7 +657,8 @@ def capped_balanced_partitions(
     Step 4 makes the function succeed for every ``k`` between ``len(feasible)`` and the number
     of items: this is the monotonicity the count search and the data-parallel agreement rely on.
 
-    Complexity: a few KK passes plus the local searches: O(n k log k) NumPy work.
+    Complexity: up to two KK passes (O(n log n) heap steps each) plus the local searches, whose
+    steps cost O(k) NumPy work each.
 
     >>> sorted(capped_balanced_partitions([7] * 4, [7] * 4, 8, 4))
     [[0], [1], [2], [3]]
