@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from itertools import chain
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -86,8 +87,18 @@ def partition_sums(values: IntSequence, partitions: Sequence[Sequence[int]]) -> 
     >>> partition_sums([5, 1, 2], [[0], [1, 2]]).tolist()
     [5, 3]
     """
-    array = _as_int_array(values, "values")
-    return np.array([int(array[list(part)].sum()) if len(part) else 0 for part in partitions], dtype=np.int64)
+    return _part_sums(_as_int_array(values, "values"), partitions)
+
+
+def _part_sums(values: np.ndarray, parts: Sequence[Sequence[int]]) -> np.ndarray:
+    """Exact int64 sum of ``values`` over each part (parts may be empty), in one NumPy pass. O(n)."""
+    sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    if not len(parts):
+        return np.zeros(0, dtype=np.int64)
+    flat = np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=int(sizes.sum()))
+    starts = np.cumsum(sizes) - sizes
+    sums = np.add.reduceat(np.append(values[flat], 0), starts)  # the 0 makes a final empty part valid
+    return np.where(sizes > 0, sums, 0)  # reduceat yields the next value, not 0, for an empty part
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,12 +111,20 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
 
     Every state is a k-tuple of part sums kept in descending order; the two states with the
     largest spread (max - min) are merged by pairing the largest part of one with the smallest
-    of the other, until one state is left. Ties are broken by part size and creation order,
-    so the result is deterministic. Empty parts sort after non-empty parts of equal sum, which
-    makes every part non-empty whenever ``len(seqlen_list) >= k_partitions``.
+    of the other, until one state is left. Ties are broken by part size and position, and
+    between states by creation order, so the result is deterministic. Empty parts sort after
+    non-empty parts of equal sum, which makes every part non-empty whenever
+    ``len(seqlen_list) >= k_partitions``.
 
-    Complexity: O(n k log k) arithmetic in NumPy and O(n log n) interpreter steps for the heap;
-    memory O(n k) int32 for the merge tree (resolved once at the end).
+    A state stores only its non-empty parts (the empty ones are an implicit zero tail), so a
+    merge touches only the parts of the smaller state and the overlap: merging a state of
+    ``a`` parts with one of ``b`` parts pairs ``max(0, a + b - k)`` of them and inserts the rest.
+    Every pairing lowers the number of non-empty parts by one, so there are at most ``n - k``
+    of them in the whole run, and the typical merge (a full state and a single item) is one
+    binary-search insertion.
+
+    Complexity: O(n log n) heap steps plus O(log k) per inserted part and a C-level list
+    insertion of at most ``k`` entries; O(n) memory (a merge tree of parts, resolved at the end).
 
     Args:
         seqlen_list: non-negative values to balance (lengths or workloads).
@@ -135,69 +154,80 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     if k == 1:
         return [list(range(n))]
 
-    order = np.lexsort((np.arange(n), values))  # ascending value, index breaks ties
-    # Per node: part sums and part sizes in descending (sum, size) order. Leaves hold items.
-    node_sums: list[Optional[np.ndarray]] = []
-    node_sizes: list[Optional[np.ndarray]] = []
-    parent: list[int] = []
-    parent_map: list[Optional[np.ndarray]] = []  # node slot -> parent slot
-    leaf_items: list[tuple[np.ndarray, np.ndarray]] = []  # (leaf node, items, their slots)
-    heap: list[tuple[int, int, int, int]] = []
+    order = np.lexsort((np.arange(n), values)).tolist()  # ascending value, index breaks ties
+    value_list = values.tolist()
+    # A state is the list of its non-empty parts as (-sum, -size, part id), in descending
+    # (sum, size) order (ascending tuples, so bisect works). Part ids below n are the items
+    # themselves; a paired part gets the next id and its two children are recorded.
+    children: list[tuple[int, int]] = []
+    states: dict[int, list[tuple[int, int, int]]] = {}
 
-    def push(node: int) -> None:
-        sums, sizes = node_sums[node], node_sizes[node]
-        heapq.heappush(heap, (-int(sums[0] - sums[-1]), -int(sums[0]), -int(sizes[0]), node))
+    def entry(node: int, parts: list[tuple[int, int, int]]) -> tuple[int, int, int, int]:
+        states[node] = parts
+        top = -parts[0][0]
+        bottom = -parts[-1][0] if len(parts) == k else 0  # an empty part is the smallest
+        return (bottom - top, -top, parts[0][1], node)  # largest spread, sum, size; oldest
 
     if equal_size:
-        chunks = [order[offset:offset + k] for offset in range(0, n, k)]
-    else:
-        chunks = [order[i:i + 1] for i in range(n)]
-    for chunk in chunks:
-        node = len(node_sums)
-        chunk_desc = chunk[::-1]  # descending value: slot i holds the i-th largest
-        sums = np.zeros(k, dtype=np.int64)
-        sizes = np.zeros(k, dtype=np.int64)
-        sums[: len(chunk_desc)] = values[chunk_desc]
-        sizes[: len(chunk_desc)] = 1
-        node_sums.append(sums)
-        node_sizes.append(sizes)
-        parent.append(-1)
-        parent_map.append(None)
-        leaf_items.append((np.int64(node), chunk_desc, np.arange(len(chunk_desc))))
-        push(node)
+        chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
+        heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty); inlined
+        states.update((node, [(-value_list[i], -1, i)]) for node, i in enumerate(order))
+        heap = [(-value_list[i], -value_list[i], -1, node) for node, i in enumerate(order)]
+    heapq.heapify(heap)
 
-    reversed_slots = np.arange(k - 1, -1, -1)
+    next_node = len(heap)
+    after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
     while len(heap) > 1:
-        first = heapq.heappop(heap)[3]
-        second = heapq.heappop(heap)[3]
-        sums = node_sums[first] + node_sums[second][::-1]
-        sizes = node_sizes[first] + node_sizes[second][::-1]
-        new_order = np.lexsort((-sizes, -sums))  # descending sum, then descending size
-        new_slot = np.empty(k, dtype=np.int32)
-        new_slot[new_order] = np.arange(k, dtype=np.int32)
-        node = len(node_sums)
-        node_sums.append(sums[new_order])
-        node_sizes.append(sizes[new_order])
-        parent.append(-1)
-        parent_map.append(None)
-        for child, child_map in ((first, new_slot), (second, new_slot[reversed_slots])):
-            parent[child] = node
-            parent_map[child] = child_map
-            node_sums[child] = None
-            node_sizes[child] = None
-        push(node)
+        parts = states.pop(heapq.heappop(heap)[3])
+        other = states.pop(heapq.heappop(heap)[3])
+        a, b = len(parts), len(other)
+        if b == 1:  # the common merge, with a single item: one pairing or one insertion
+            single = other[0]
+            if a == k:
+                smallest = parts.pop()
+                children.append((smallest[2], single[2]))
+                single = (smallest[0] + single[0], smallest[1] + single[1], n + len(children) - 1)
+            parts.insert(bisect.bisect_right(parts, (single[0], single[1], after_ties)), single)
+            heapq.heappush(heap, entry(next_node, parts))
+            next_node += 1
+            continue
+        # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+        # positions below k - b meet an empty part of the other state and stay as they are.
+        new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+        for i in range(k - b, a):
+            mine, theirs = parts[i], other[k - 1 - i]
+            children.append((mine[2], theirs[2]))
+            new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+        for j in range(min(k - a, b)):
+            new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+        new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+        del parts[min(a, k - b):]
+        # Each new part goes after every kept part of equal key (the kept parts all have lower
+        # positions); ``after_ties`` compares above any part id.
+        if len(new) <= 16:
+            for neg_sum, neg_size, _, part in new:
+                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+        else:  # one linear merge: C-level slice copies between binary searches
+            merged, start = [], 0
+            for neg_sum, neg_size, _, part in new:
+                end = bisect.bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                merged += parts[start:end]
+                merged.append((neg_sum, neg_size, part))
+                start = end
+            merged += parts[start:]
+            parts = merged
+        heapq.heappush(heap, entry(next_node, parts))
+        next_node += 1
 
-    # Resolve the merge tree top-down: final_slot[node][s] = final part of node's slot s.
-    root = heap[0][3]
-    final_slot: list[Optional[np.ndarray]] = [None] * len(node_sums)
-    final_slot[root] = np.arange(k, dtype=np.int32)
-    for node in range(root - 1, -1, -1):
-        final_slot[node] = final_slot[parent[node]][parent_map[node]]
-        parent_map[node] = None
-    assignment = np.empty(n, dtype=np.int64)
-    for leaf, items, slots in leaf_items:
-        assignment[items] = final_slot[int(leaf)][slots]
-    return _groups_from_assignment(assignment, k)
+    # Resolve the merge tree: a paired part's children inherit its final part.
+    label = [0] * (n + len(children))
+    for part, (_, _, part_id) in enumerate(states[heap[0][3]]):
+        label[part_id] = part
+    for combined in range(len(children) - 1, -1, -1):
+        left, right = children[combined]
+        label[left] = label[right] = label[n + combined]
+    return _groups_from_assignment(np.array(label[:n], dtype=np.int64), k)
 
 
 def _groups_from_assignment(assignment: np.ndarray, k: int) -> list[list[int]]:
@@ -432,8 +462,8 @@ class _Bins:
         self.tokens_of = tokens
         self.work_of = workloads
         self.members: list[list[int]] = [list(p) for p in parts]
-        self.tokens = np.array([int(tokens[p].sum()) if len(p) else 0 for p in self.members], dtype=np.int64)
-        self.work = np.array([int(workloads[p].sum()) if len(p) else 0 for p in self.members], dtype=np.int64)
+        self.tokens = _part_sums(tokens, self.members)
+        self.work = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members)
 
     def move(self, item: int, source: int, target: int) -> None:
         self.members[source].remove(item)
@@ -616,7 +646,7 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
 
 
 def _within(parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> bool:
-    return all(int(tokens[p].sum()) <= capacity for p in parts)
+    return bool((_part_sums(tokens, parts) <= capacity).all())
 
 
 def capped_balanced_partitions(
@@ -640,7 +670,8 @@ def capped_balanced_partitions(
     Step 4 makes the function succeed for every ``k`` between ``len(feasible)`` and the number
     of items: this is the monotonicity the count search and the data-parallel agreement rely on.
 
-    Complexity: a few KK passes plus the local searches: O(n k log k) NumPy work.
+    Complexity: up to two KK passes (O(n log n) heap steps each) plus the local searches, whose
+    steps cost O(k) NumPy work each.
 
     >>> sorted(capped_balanced_partitions([7] * 4, [7] * 4, 8, 4))
     [[0], [1], [2], [3]]
@@ -673,25 +704,30 @@ def smallest_feasible_partitions(
     min_count: int = 1,
     step: int = 1,
 ) -> tuple[int, Optional[list[list[int]]]]:
-    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which
-    :func:`capped_balanced_partitions` succeeds, and its partition.
+    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which a balanced
+    cap-respecting partition is found, and that partition.
 
-    The scan starts at the larger of ``min_count`` and :func:`packing_lower_bound` (rounded up to
-    ``step``) and goes up one ``step`` at a time. It never goes past the count ``P`` of a
-    best-fit-decreasing packing rounded up to ``step`` (computed only after the first failure),
-    where step 4 of :func:`capped_balanced_partitions` always succeeds. Because every count
-    tried includes "KK on workloads as it is", the result is never larger than the older loop's
-    (ceildiv start, KK, add one) as long as the scan is linear; after ``linear_attempts`` (32)
-    failures in a row, the rest of ``[k, P]`` is bisected so that even adversarial inputs cost
-    O(log n) attempts, not O(n).
-    If even ``P`` exceeds the number of items, ``(count, None)`` is returned so the caller can
+    The count lies between the bound ``k0`` (the larger of ``min_count`` and
+    :func:`packing_lower_bound`, rounded up to ``step``) and the count of a best-fit-decreasing
+    packing rounded up to ``step``, where :func:`capped_balanced_partitions` always succeeds
+    (its step 4 splits the packing). :func:`capped_balanced_partitions` is tried at ``k0``; if
+    that fails, the counts in between are bisected. A try at a count repairs KK on workloads
+    (kept: if it meets the cap as it is, it is the answer), else an LPT token balance, else KK
+    on tokens, so it succeeds whenever a try of the older linear scan did. Bisection assumes
+    that a count that works is followed by counts that work; on inputs where that fails, the
+    count found can exceed the smallest working count (never seen on the benchmark grid nor
+    on 3000 random small inputs, see docs/benchmarks.md), and it never exceeds the BFD count.
+    If the count exceeds the number of items, ``(count, None)`` is returned so the caller can
     report what was needed.
 
-    Complexity: O(n log n) for the bound, plus one :func:`capped_balanced_partitions` per count
-    tried; on realistic data the first or second count succeeds.
+    Complexity: O(n log n) for the bound and the packing, one
+    :func:`capped_balanced_partitions` call, plus ``log2((bfd - k0) / step)`` tries of at most
+    two KK passes each, and one more :func:`capped_balanced_partitions` call if none succeeds.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
+    >>> smallest_feasible_partitions([5, 5, 5, 5, 4, 4], [5, 5, 5, 5, 4, 4], 10, step=2)[0]
+    4
     """
     size = _as_int_array(tokens, "tokens")
     work = _as_int_array(workloads, "workloads")
@@ -702,33 +738,50 @@ def smallest_feasible_partitions(
     k = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
     if k > n:
         return k, None
+    packing = best_fit_decreasing_partitions(size, capacity)
+    packed_count = roundup_divisible(len(packing), step)
+    if k >= packed_count:
+        return k, capped_balanced_partitions(size, work, capacity, k, feasible=packing)
     parts = capped_balanced_partitions(size, work, capacity, k)
     if parts is not None:
         return k, parts
-    # Only computed when the balanced attempts fail: a partition feasible at every k >= P.
-    packing = best_fit_decreasing_partitions(size, capacity)
-    packed = roundup_divisible(len(packing), step)
-    if packed > n:
-        return packed, None
+    # Bisect (k, packed_count]. Cheapest attempt first: a successful try usually costs one KK.
+    kk_by_count: dict[int, list[list[int]]] = {}
 
-    def attempt(count: int) -> Optional[list[list[int]]]:
-        return capped_balanced_partitions(size, work, capacity, count, feasible=packing)
+    def try_count(count: int) -> Optional[list[list[int]]]:
+        kk_by_count[count] = karmarkar_karp(work, count, equal_size=False)
+        repaired = repair_over_capacity(kk_by_count[count], size, capacity)
+        if repaired is None:
+            repaired = repair_over_capacity(_greedy_balance(size, count), size, capacity)
+        if repaired is None:
+            repaired = repair_over_capacity(karmarkar_karp(size, count, equal_size=False), size, capacity)
+        return repaired
 
-    linear_attempts = 32
-    while k < packed and linear_attempts > 0:
-        parts = attempt(k)
+    failed, found, found_parts = k, packed_count, None  # counts, multiples of step
+    while found - failed > step:
+        middle = failed + (found - failed) // (2 * step) * step
+        parts = try_count(middle)
         if parts is not None:
-            return k, parts
-        k += step
-        linear_attempts -= 1
-    # Bisect (in units of step) the failures left between k and P; P is known to succeed.
-    low, high = k // step, packed // step
-    best: Optional[list[list[int]]] = None
-    while low < high:
-        middle = (low + high) // 2
-        parts = attempt(middle * step)
-        if parts is not None:
-            high, best = middle, parts
+            found, found_parts = middle, parts
         else:
-            low = middle + 1
-    return high * step, best if best is not None else attempt(high * step)
+            failed = middle
+    if found > n:
+        return found, None
+    if found_parts is None:
+        return found, capped_balanced_partitions(size, work, capacity, found, feasible=packing)
+    if _within(kk_by_count[found], size, capacity):
+        return found, kk_by_count[found]
+    return found, rebalance_within_capacity(found_parts, size, work, capacity)
+
+
+def _greedy_balance(values: np.ndarray, k: int) -> list[list[int]]:
+    """Largest value first into the part with the smallest sum (LPT). O(n log k), deterministic."""
+    order = np.lexsort((np.arange(len(values)), -values)).tolist()
+    value_list = values.tolist()
+    heap = [(0, part) for part in range(k)]
+    parts: list[list[int]] = [[] for _ in range(k)]
+    for item in order:
+        total, part = heap[0]
+        parts[part].append(item)
+        heapq.heapreplace(heap, (total + value_list[item], part))
+    return [sorted(p) for p in parts]

@@ -1,0 +1,62 @@
+"""A seconds-long run of the benchmark, so the harness cannot rot between full runs.
+
+Asserts the table's shape and the one count target that must hold on every case (seqbal never
+needs more micro-batches than the reference loop); no wall-clock thresholds.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import run, workloads  # noqa: E402
+
+SMOKE = run.Grid(
+    families=("lognormal", "grpo_groups", "adv_7_of_8", "real_gsm8k"),
+    sizes=(64,),
+    caps=(4096, 16384),
+    repeats=1,
+    reference_budget=5.0,
+)
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return run.run_grid(SMOKE, log=lambda *_, **__: None)
+
+
+def test_every_expected_row_is_there(smoke):
+    rows, notes = smoke
+    expected = [f for f in SMOKE.families if f in workloads.families()]
+    assert [(r.family, r.n, r.cap) for r in rows] == [(f, n, c) for f in expected for n in SMOKE.sizes for c in SMOKE.caps]
+    if "real_gsm8k" not in expected:
+        assert any("real_gsm8k" in note for note in notes)
+    table = run.format_table(rows)
+    assert len(table.splitlines()) == 2 + len(rows)
+    assert all(r.family in table for r in rows)
+
+
+def test_seqbal_never_needs_more_micro_batches_than_the_reference(smoke):
+    rows, _ = smoke
+    compared = [r for r in rows if r.ref_count is not None]
+    assert compared, "the reference ran on no case"
+    for r in compared:
+        assert r.lower_bound <= r.count <= r.ref_count, (r.family, r.n, r.cap, r.count, r.ref_count)
+        assert 0 < r.fill <= 1 and r.imbalance >= 1
+
+
+def test_targets_and_markdown_render(smoke, tmp_path):
+    rows, notes = smoke
+    lines = run.targets(rows)
+    assert lines[0].startswith("- Count <= reference on every case: **met**")
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# Benchmarks\n\nhand-written text\n")
+    run.write_markdown(out, run.results_markdown(rows, notes, lines, "python -m benchmarks.run --grid smoke", 1.0))
+    run.write_markdown(out, run.results_markdown(rows, notes, lines, "python -m benchmarks.run --grid smoke", 1.0))
+    text = out.read_text()
+    assert text.count(run.RESULTS_BEGIN) == 1 and "hand-written text" in text
