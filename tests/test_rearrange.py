@@ -371,3 +371,13 @@ def test_plan_data_parallel_single_rank_equals_plan_and_invariants_hold(ranks, c
     for lengths, parts in zip(ranks, plans):
         assert_plan_invariants(lengths, parts, cap)
     assert plan_data_parallel(ranks[:1], cap) == [plan_micro_batches(ranks[0], cap)]
+
+
+def test_bool_and_integer_masks_give_the_same_lengths():
+    lengths = [5, 0, 17, 3]
+    batch = dense_batch(lengths)
+    as_bool = TensorDict({"attention_mask": batch["attention_mask"].bool()}, batch_size=[4])
+    strided = TensorDict({"attention_mask": batch["attention_mask"].bool().t().contiguous().t()}, batch_size=[4])
+    for candidate in (batch, as_bool, strided):
+        lengths_found = effective_lengths(candidate)
+        assert lengths_found.dtype == torch.int64 and lengths_found.tolist() == lengths
