@@ -34,7 +34,7 @@ __all__ = [
     "is_sync_mode",
     "agree_on_constraints",
     "check_within_limit",
-    "all_ranks_within_limit",
+    "global_rank",
 ]
 
 
@@ -139,19 +139,9 @@ def check_within_limit(within_limit: bool, failed: bool, group: Any) -> LimitChe
     return LimitCheck(within_limit=agreed == 2 * world, failed_rank=agreed if agreed < world else -1)
 
 
-def all_ranks_within_limit(within_limit: bool, group: Any) -> bool:
-    """All-reduce (MIN) of a local flag: True only if it is True on every rank."""
-    return check_within_limit(within_limit, False, group).within_limit
-
-
 def global_rank(group: Any, rank_in_group: int) -> int:
     """The global rank of ``rank_in_group`` of ``group`` (itself for the default group)."""
     try:
         return dist.get_global_rank(group, rank_in_group)
     except (ValueError, RuntimeError, AttributeError):
         return rank_in_group
-
-
-def group_rank(group: Any) -> int:
-    """This process's rank inside ``group``."""
-    return dist.get_rank(group)
