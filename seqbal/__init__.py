@@ -4,57 +4,79 @@ Change ``from verl.utils.seqlen_balancing import rearrange_micro_batches`` into
 ``from seqbal import rearrange_micro_batches``: same signature, but ``max_token_len`` is a hard
 cap, the count is close to the packing optimum, and data-parallel ranks agree in two
 all-reduces without ever leaving a rank hanging on an error.
+
+Names are loaded lazily: planning on plain lengths (:func:`plan_micro_batches`,
+:func:`plan_data_parallel`, :func:`build_dp_schedule`, the partitioner, ``seqbal plan``) needs
+only NumPy, so ``import seqbal`` does not import torch or tensordict; they load the first time a
+TensorDict or torch.distributed feature (:func:`rearrange_micro_batches`,
+:func:`restore_dynamic_batch`, a ``dp_group``) is used.
 """
 
-from .metrics import log_seqlen_unbalance, micro_batch_summary
-from .partition import (
-    best_fit_decreasing_partitions,
-    capped_balanced_partitions,
-    ceildiv,
-    first_fit_partitions,
-    get_seqlen_balanced_partitions,
-    karmarkar_karp,
-    packing_lower_bound,
-    roundup_divisible,
-    split_bins_to_count,
-)
-from .rearrange import (
-    MicroBatchPlanError,
-    effective_lengths,
-    get_reverse_idx,
-    plan_data_parallel,
-    plan_micro_batches,
-    rearrange_micro_batches,
-    restore_dynamic_batch,
-)
-from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
-from .workload import calculate_workload, make_workload_fn
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "rearrange_micro_batches",
-    "plan_micro_batches",
-    "plan_data_parallel",
-    "MicroBatchPlanError",
-    "effective_lengths",
-    "get_reverse_idx",
-    "restore_dynamic_batch",
-    "get_seqlen_balanced_partitions",
-    "karmarkar_karp",
-    "calculate_workload",
-    "make_workload_fn",
-    "ceildiv",
-    "roundup_divisible",
-    "log_seqlen_unbalance",
-    "micro_batch_summary",
-    "get_group_balanced_partitions",
-    "build_dp_schedule",
-    "DPSchedule",
-    "balance_batch",
-    "first_fit_partitions",
-    "best_fit_decreasing_partitions",
-    "split_bins_to_count",
-    "packing_lower_bound",
-    "capped_balanced_partitions",
-]
+#: Public name -> the submodule that defines it.
+_EXPORTS = {
+    "rearrange_micro_batches": "rearrange",
+    "effective_lengths": "rearrange",
+    "get_reverse_idx": "rearrange",
+    "restore_dynamic_batch": "rearrange",
+    "plan_micro_batches": "plan",
+    "plan_data_parallel": "plan",
+    "MicroBatchPlanError": "plan",
+    "get_seqlen_balanced_partitions": "partition",
+    "karmarkar_karp": "partition",
+    "ceildiv": "partition",
+    "roundup_divisible": "partition",
+    "first_fit_partitions": "partition",
+    "best_fit_decreasing_partitions": "partition",
+    "split_bins_to_count": "partition",
+    "packing_lower_bound": "partition",
+    "capped_balanced_partitions": "partition",
+    "calculate_workload": "workload",
+    "make_workload_fn": "workload",
+    "log_seqlen_unbalance": "metrics",
+    "micro_batch_summary": "metrics",
+    "get_group_balanced_partitions": "schedule",
+    "build_dp_schedule": "schedule",
+    "DPSchedule": "schedule",
+    "balance_batch": "schedule",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'seqbal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy look-up
+    from .metrics import log_seqlen_unbalance, micro_batch_summary
+    from .partition import (
+        best_fit_decreasing_partitions,
+        capped_balanced_partitions,
+        ceildiv,
+        first_fit_partitions,
+        get_seqlen_balanced_partitions,
+        karmarkar_karp,
+        packing_lower_bound,
+        roundup_divisible,
+        split_bins_to_count,
+    )
+    from .plan import MicroBatchPlanError, plan_data_parallel, plan_micro_batches
+    from .rearrange import effective_lengths, get_reverse_idx, rearrange_micro_batches, restore_dynamic_batch
+    from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
+    from .workload import calculate_workload, make_workload_fn

@@ -28,7 +28,7 @@ import numpy as np
 
 from ._kk_loop import kk_loop_plans
 from .metrics import micro_batch_summary
-from .rearrange import MicroBatchPlanError, plan_data_parallel
+from .plan import MicroBatchPlanError, plan_data_parallel
 
 __all__ = ["main", "read_lengths", "simulate_ranks", "DEFAULT_SAMPLE"]
 

@@ -12,20 +12,23 @@ Workloads are exact integers (int64), so partitions are the same on every machin
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: Hidden size the default workload model is calibrated for (7B-class dense transformers).
 DEFAULT_HIDDEN_SIZE = 4096
 #: Linear coefficient of the default model: ``6 * DEFAULT_HIDDEN_SIZE``.
 DEFAULT_LINEAR_COEFFICIENT = 6 * DEFAULT_HIDDEN_SIZE  # 24576
 
-Lengths = Union[torch.Tensor, np.ndarray, Sequence[int]]
+#: Lengths: a torch tensor, a NumPy array or a sequence of ints (torch is never imported here).
+Lengths = Union["torch.Tensor", np.ndarray, Sequence[int]]
 
 
-def calculate_workload(seqlens: Lengths) -> Union[torch.Tensor, np.ndarray]:
+def calculate_workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
     """Relative compute of each sequence: ``24576 * s + s**2`` (dense FLOPs at hidden 4096).
 
     Args:
@@ -43,7 +46,7 @@ def calculate_workload(seqlens: Lengths) -> Union[torch.Tensor, np.ndarray]:
     return make_workload_fn(DEFAULT_HIDDEN_SIZE)(seqlens)
 
 
-def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union[torch.Tensor, np.ndarray]]:
+def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union["torch.Tensor", np.ndarray]]:
     """Workload model ``6 * hidden_size * s + s**2`` for another model width.
 
     Examples:
@@ -54,8 +57,8 @@ def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union[torch.Tensor
         raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
     linear = 6 * hidden_size
 
-    def workload(seqlens: Lengths) -> Union[torch.Tensor, np.ndarray]:
-        if isinstance(seqlens, torch.Tensor):
+    def workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
+        if type(seqlens).__module__.startswith("torch") and hasattr(seqlens, "long"):  # a tensor stays one
             s = seqlens.long()
             return linear * s + s * s
         s = np.asarray(seqlens, dtype=np.int64)

@@ -365,7 +365,7 @@ def _warm_up(group: Any) -> None:
 
 def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCounter) -> dict[str, Any]:
     import seqbal
-    from seqbal import rearrange as rearrange_module
+    from seqbal import plan as plan_module
 
     kwargs = scenario.call_kwargs(rank)
     lengths = scenario.lengths[rank]
@@ -376,7 +376,7 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
 
     restore = None
     if scenario.hook in ("second_pass", "partition_raises") and rank == 0:
-        original = rearrange_module._LocalPlan.partition_at
+        original = plan_module._LocalPlan.partition_at
         state = {"failed": False}
 
         def failing_once(self, count):
@@ -387,8 +387,8 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
                 return None
             return original(self, count)
 
-        rearrange_module._LocalPlan.partition_at = failing_once
-        restore = lambda: setattr(rearrange_module._LocalPlan, "partition_at", original)  # noqa: E731
+        plan_module._LocalPlan.partition_at = failing_once
+        restore = lambda: setattr(plan_module._LocalPlan, "partition_at", original)  # noqa: E731
 
     record: dict[str, Any] = {"name": scenario.name, "rank": rank}
     counter.reset()

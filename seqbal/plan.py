@@ -1,0 +1,515 @@
+"""plan_micro_batches and plan_data_parallel: the decision on plain lengths, and the agreement.
+
+This module composes the pure partitioner (``partition.py``) with the data-parallel
+agreement (``collectives.py``). It needs only NumPy: torch (through ``collectives``) is
+imported only in sync mode, when the caller already holds a process group, so planning on a
+driver, in the CLI or in a trainer that is not built on torch costs no torch import.
+:func:`seqbal.rearrange.rearrange_micro_batches` adds reading the lengths from a TensorDict
+and copying each micro-batch out of it.
+
+Errors are detected locally first and raised as :class:`MicroBatchPlanError` (a
+``ValueError``). In sync mode a rank that found one does *not* raise at once: it joins the
+first all-reduce with an error code, so that every rank learns of the failure and raises
+together; raising first would leave the healthy ranks blocked in a collective until the
+process-group timeout.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .workload import calculate_workload
+
+__all__ = [
+    "MicroBatchPlanError",
+    "LengthsLike",
+    "plan_micro_batches",
+    "plan_data_parallel",
+    "order_for_pipeline",
+]
+
+#: Effective lengths: a sequence of ints, a NumPy integer array or a 1-D integer torch tensor.
+LengthsLike = Union[Sequence[int], np.ndarray, Any]
+
+
+class MicroBatchPlanError(ValueError):
+    """A micro-batch plan cannot be made; the message says which input and what numbers.
+
+    ``code`` orders the kinds of failure for the data-parallel agreement (the largest code
+    found on any rank is the one every rank reports).
+    """
+
+    CANNOT_SATISFY = 1
+    FORCED_GROUP_EXCEEDS = 2
+    SAMPLE_EXCEEDS = 3
+    NEGATIVE_LENGTH = 4
+    EMPTY_BATCH = 5
+    BAD_BATCH = 6
+    BAD_ARGUMENT = 7
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+_REASONS = {
+    MicroBatchPlanError.CANNOT_SATISFY: "it cannot form the number of micro-batches needed",
+    MicroBatchPlanError.FORCED_GROUP_EXCEEDS: "a forced group exceeds max_token_len",
+    MicroBatchPlanError.SAMPLE_EXCEEDS: "a sample exceeds max_token_len",
+    MicroBatchPlanError.NEGATIVE_LENGTH: "a sequence length is negative",
+    MicroBatchPlanError.EMPTY_BATCH: "its batch is empty",
+    MicroBatchPlanError.BAD_BATCH: "its batch is malformed",
+    MicroBatchPlanError.BAD_ARGUMENT: "an argument is invalid",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _validate_arguments(
+    max_token_len: Any,
+    num_batches_divided_by: Any,
+    min_num_micro_batch: Any,
+    force_group_size: Any,
+) -> None:
+    def bad(message: str) -> MicroBatchPlanError:
+        return MicroBatchPlanError(message, MicroBatchPlanError.BAD_ARGUMENT)
+
+    if not _is_int(max_token_len) or max_token_len < 1:
+        raise bad(f"max_token_len must be a positive int, got {max_token_len!r}")
+    if not _is_int(force_group_size) or force_group_size < 1:
+        raise bad(f"force_group_size must be an int >= 1, got {force_group_size!r}")
+    if num_batches_divided_by is not None and (not _is_int(num_batches_divided_by) or num_batches_divided_by < 1):
+        raise bad(f"num_batches_divided_by must be None or an int >= 1, got {num_batches_divided_by!r}")
+    if min_num_micro_batch is not None and (not _is_int(min_num_micro_batch) or min_num_micro_batch < 1):
+        raise bad(f"min_num_micro_batch must be None or an int >= 1, got {min_num_micro_batch!r}")
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    """A torch tensor, recognised without importing torch (planning needs only NumPy)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
+    """Effective lengths as a 1-D int64 NumPy array, validated."""
+    if _is_torch_tensor(seq_lens):
+        if seq_lens.is_floating_point() or seq_lens.is_complex():
+            raise MicroBatchPlanError(
+                f"seq_lens must hold integers, got a tensor of dtype {seq_lens.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        array = seq_lens.detach().cpu().long().numpy()
+    else:
+        array = np.asarray(seq_lens)
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise MicroBatchPlanError(
+                f"seq_lens must hold integers, got dtype {array.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        array = array.astype(np.int64, copy=False)
+    if array.ndim != 1:
+        raise MicroBatchPlanError(
+            f"seq_lens must be one-dimensional, got shape {tuple(array.shape)}", MicroBatchPlanError.BAD_BATCH
+        )
+    if array.size == 0:
+        raise MicroBatchPlanError("the batch is empty (0 samples): nothing to split", MicroBatchPlanError.EMPTY_BATCH)
+    if (array < 0).any():
+        index = int(np.argmax(array < 0))
+        raise MicroBatchPlanError(
+            f"sample {index} has a negative length ({int(array[index])} tokens)", MicroBatchPlanError.NEGATIVE_LENGTH
+        )
+    return array
+
+
+# ---------------------------------------------------------------------------------------------
+# The local decision
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _LocalPlan:
+    """What one rank decides from its own lengths before any agreement."""
+
+    group_tokens: np.ndarray  # tokens per forced group
+    group_workloads: np.ndarray  # workload per forced group
+    group_size: int
+    max_token_len: int
+    count: int  # smallest count (>= min, multiple of step) at which this rank meets the cap
+    parts: list[list[int]]  # a cap-respecting partition of the groups into ``count`` parts
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_tokens)
+
+    def partition_at(self, count: int) -> Optional[list[list[int]]]:
+        """Cap-respecting partition of the groups into ``count`` parts; None if none was found."""
+        if count == self.count:
+            return self.parts
+        return capped_balanced_partitions(
+            self.group_tokens, self.group_workloads, self.max_token_len, count, feasible=self.parts
+        )
+
+    def samples_of(self, group_parts: list[list[int]]) -> list[list[int]]:
+        g = self.group_size
+        if g == 1:
+            return [sorted(part) for part in group_parts]
+        return [sorted(chain.from_iterable(range(i * g, i * g + g) for i in part)) for part in group_parts]
+
+
+def _local_plan(
+    lengths: np.ndarray,
+    max_token_len: int,
+    num_batches_divided_by: Optional[int],
+    min_num_micro_batch: Optional[int],
+    force_group_size: int,
+) -> _LocalPlan:
+    n = len(lengths)
+    if n % force_group_size:
+        raise MicroBatchPlanError(
+            f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
+        )
+    over = np.flatnonzero(lengths > max_token_len)
+    if over.size:
+        index = int(over[0])
+        raise MicroBatchPlanError(
+            f"sample {index} has {int(lengths[index])} tokens, which exceeds max_token_len={max_token_len} "
+            f"({over.size} sample(s) over the cap; the largest has {int(lengths.max())} tokens)",
+            MicroBatchPlanError.SAMPLE_EXCEEDS,
+        )
+    g = force_group_size
+    group_tokens = lengths.reshape(-1, g).sum(axis=1)
+    group_workloads = calculate_workload(lengths).reshape(-1, g).sum(axis=1)
+    over = np.flatnonzero(group_tokens > max_token_len)
+    if over.size:
+        index = int(over[0])
+        raise MicroBatchPlanError(
+            f"forced group exceeds max_token_len: group {index} (samples {index * g}..{index * g + g - 1}, "
+            f"force_group_size={g}) has {int(group_tokens[index])} tokens > max_token_len={max_token_len}",
+            MicroBatchPlanError.FORCED_GROUP_EXCEEDS,
+        )
+    step = num_batches_divided_by or 1
+    count, parts = smallest_feasible_partitions(
+        group_tokens, group_workloads, max_token_len, min_count=min_num_micro_batch or 1, step=step
+    )
+    if parts is None:
+        raise MicroBatchPlanError(
+            f"Cannot satisfy max_token_len={max_token_len}: {int(group_tokens.sum())} tokens in "
+            f"{len(group_tokens)} group(s) of {g} sample(s) need at least {count} micro-batches "
+            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}), "
+            f"but only {len(group_tokens)} non-empty micro-batches can be formed; raise max_token_len, "
+            f"lower min_num_micro_batch or num_batches_divided_by, or give this rank more samples",
+            MicroBatchPlanError.CANNOT_SATISFY,
+        )
+    return _LocalPlan(group_tokens, group_workloads, g, max_token_len, count, parts)
+
+
+def _rank_name(group: Any, rank_in_group: int) -> str:
+    """``rank r of the data-parallel group``, plus its global rank when that differs (subgroups)."""
+    name = f"rank {rank_in_group} of the data-parallel group"
+    if group is None:
+        return name
+    from . import collectives
+
+    world_rank = collectives.global_rank(group, rank_in_group)
+    return name if world_rank == rank_in_group else f"{name} (global rank {world_rank})"
+
+
+def _cannot_satisfy_agreed(
+    max_token_len: int, count: int, min_groups: int, min_groups_rank: int, group: Any
+) -> MicroBatchPlanError:
+    return MicroBatchPlanError(
+        f"Cannot satisfy max_token_len={max_token_len} on every data-parallel rank: the ranks need {count} "
+        f"micro-batches each, but {_rank_name(group, min_groups_rank)} has only {min_groups} "
+        f"forced group(s) to fill them; raise max_token_len or balance the samples across ranks",
+        MicroBatchPlanError.CANNOT_SATISFY,
+    )
+
+
+def _peer_failure(agreement: Any, max_token_len: Any, group: Any) -> MicroBatchPlanError:
+    reason = _REASONS.get(agreement.error_code, f"error code {agreement.error_code}")
+    prefix = "Cannot satisfy max_token_len: " if agreement.error_code == MicroBatchPlanError.CANNOT_SATISFY else ""
+    return MicroBatchPlanError(
+        f"{prefix}{_rank_name(group, agreement.error_rank)} failed: {reason} "
+        f"(max_token_len={max_token_len!r} here); this rank's own data was valid, see rank "
+        f"{agreement.error_rank}'s error for the numbers",
+        agreement.error_code,
+    )
+
+
+def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[list[int]]:
+    """Order micro-batches heaviest in the middle, lightest at both ends.
+
+    Sorts by (workload, first index) descending, then takes ``parts[::2][::-1] + parts[1::2]``:
+    light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
+    """
+    totals = [int(workloads[p].sum()) for p in parts]
+    ranked = sorted(range(len(parts)), key=lambda i: (totals[i], parts[i][0] if parts[i] else 0), reverse=True)
+    ordered = [parts[i] for i in ranked]
+    return ordered[::2][::-1] + ordered[1::2]
+
+
+@dataclass
+class _LocalStage:
+    """One rank's outcome before any agreement: a plan, or the error it must report."""
+
+    plan: Optional[_LocalPlan]
+    lengths: Optional[np.ndarray]
+    problem: Optional[Exception]
+    code: int  # MicroBatchPlanError code of ``problem``, 0 without one
+
+
+def _local_stage(
+    get_lengths: Callable[[], LengthsLike],
+    max_token_len: Any,
+    num_batches_divided_by: Any,
+    min_num_micro_batch: Any,
+    force_group_size: Any,
+    *,
+    capture_unexpected: bool,
+) -> _LocalStage:
+    """Validate and plan on this rank's own data, capturing the error instead of raising it.
+
+    With ``capture_unexpected`` (sync mode) any exception is captured, not only ours: an
+    unexpected one must still reach the agreement, or the peers would hang.
+    """
+    try:
+        _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        lengths = _lengths_array(get_lengths())
+        plan = _local_plan(lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        return _LocalStage(plan, lengths, None, 0)
+    except MicroBatchPlanError as error:
+        return _LocalStage(None, None, error, error.code)
+    except Exception as error:  # noqa: BLE001
+        if not capture_unexpected:
+            raise
+        wrapped = MicroBatchPlanError(
+            f"the batch could not be read: {type(error).__name__}: {error}", MicroBatchPlanError.BAD_BATCH
+        )
+        wrapped.__cause__ = error
+        return _LocalStage(None, None, wrapped, wrapped.code)
+
+
+def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[int]]], bool, Optional[Exception]]:
+    """Partition at ``count``: (partition, within the cap with exactly ``count`` non-empty parts, error)."""
+    try:
+        candidate = local.partition_at(count)
+    except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
+        return None, False, error
+    within_limit = (
+        candidate is not None
+        and len(candidate) == count
+        and all(len(p) and int(local.group_tokens[p].sum()) <= local.max_token_len for p in candidate)
+    )
+    return candidate, within_limit, None
+
+
+def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_balance: bool) -> list[list[int]]:
+    """Sample index lists of a group partition, ordered for the pipeline if asked."""
+    assert stage.plan is not None and stage.lengths is not None
+    parts = stage.plan.samples_of(group_parts)
+    if use_dynamic_bsz_balance:
+        parts = order_for_pipeline(parts, calculate_workload(stage.lengths))
+    return parts
+
+
+def _sync_mode(dp_group: Any, same_micro_num_in_dp: bool) -> bool:
+    from . import collectives  # torch is loaded only here, where the caller already holds a group
+
+    return collectives.is_sync_mode(dp_group, same_micro_num_in_dp)
+
+
+def _plan(
+    get_lengths: Callable[[], LengthsLike],
+    max_token_len: int,
+    dp_group: Any,
+    num_batches_divided_by: Optional[int],
+    same_micro_num_in_dp: bool,
+    min_num_micro_batch: Optional[int],
+    use_dynamic_bsz_balance: bool,
+    force_group_size: int,
+) -> list[list[int]]:
+    sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
+    stage = _local_stage(
+        get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
+        capture_unexpected=sync,
+    )
+    if not sync:
+        if stage.problem is not None:
+            raise stage.problem
+        assert stage.plan is not None
+        return _finish(stage, stage.plan.parts, use_dynamic_bsz_balance)
+
+    from . import collectives
+
+    local = stage.plan
+    # Every rank reaches this all-reduce, failing or not: see the module docstring.
+    agreement = collectives.agree_on_constraints(
+        proposal=local.count if local else 0,
+        max_group_tokens=int(local.group_tokens.max()) if local else 0,
+        num_groups=local.num_groups if local else 0,
+        error_code=stage.code,
+        group=dp_group,
+    )
+    if agreement.error_code:
+        raise stage.problem if stage.problem is not None else _peer_failure(agreement, max_token_len, dp_group)
+    assert local is not None
+    step = num_batches_divided_by or 1
+    count = roundup_divisible(agreement.count, step)
+    while True:
+        if count > agreement.min_groups:
+            raise _cannot_satisfy_agreed(max_token_len, count, agreement.min_groups, agreement.min_groups_rank, dp_group)
+        candidate, within_limit, failure = _try_partition(local, count)
+        check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
+        if failure is not None:
+            raise failure
+        if check.failed_rank >= 0:
+            raise RuntimeError(
+                f"{_rank_name(dp_group, check.failed_rank)} failed while partitioning at the "
+                f"agreed count {count} (an internal error of seqbal, see that rank's traceback); this "
+                f"rank's own partition was fine"
+            )
+        if check.within_limit:
+            assert candidate is not None
+            return _finish(stage, candidate, use_dynamic_bsz_balance)
+        count += step
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_micro_batches(
+    seq_lens: LengthsLike,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: Optional[int] = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> list[list[int]]:
+    """Decide the micro-batches of a batch from its effective lengths alone.
+
+    Returns exactly the index lists :func:`rearrange_micro_batches` would return for a batch
+    with these lengths, with the same guarantees, errors and collectives; use it for trainers
+    whose batches are not TensorDicts, or to see a plan before launching.
+
+    Args:
+        seq_lens: effective (non-padding) length of each sample: a sequence of ints, a NumPy
+            integer array, or a 1-D integer tensor (any device; copied to the CPU once).
+        max_token_len: hard cap on the effective tokens of every micro-batch.
+        dp_group: process group of the data-parallel ranks (sync mode, see below). Default None.
+        num_batches_divided_by: the count must be a multiple of this (virtual pipeline stages).
+            Default None (no constraint).
+        same_micro_num_in_dp: with ``dp_group`` and an initialised process group, every rank of
+            the group gets the same count. Default True.
+        min_num_micro_batch: the count must be at least this (pipeline parallelism). Default None.
+        use_dynamic_bsz_balance: order micro-batches heaviest in the middle (see
+            :func:`order_for_pipeline`); False keeps the partitioner's order. Default True.
+        force_group_size: samples ``i*g .. i*g+g-1`` always share a micro-batch. Default 1.
+
+    Returns:
+        One ascending list of sample indices per micro-batch; together they hold every index
+        exactly once; no list is empty; every micro-batch has at most ``max_token_len`` tokens;
+        the count is at least ``ceildiv(total, max_token_len)`` and ``min_num_micro_batch``, a
+        multiple of ``num_batches_divided_by``, and in sync mode equal on every rank.
+        Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
+        all-reduces.
+
+    Raises:
+        ValueError: (:class:`MicroBatchPlanError`) invalid arguments, an empty batch, a negative
+            length, a sample or forced group over the cap, or a count that cannot be formed
+            (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together.
+
+    Examples:
+        >>> plan_micro_batches([7] * 8, max_token_len=8)  # ceildiv(56, 8) = 7 is only a bound
+        [[1], [3], [5], [7], [6], [4], [2], [0]]
+        >>> plan_micro_batches([3, 5, 2, 6], max_token_len=8, use_dynamic_bsz_balance=False)
+        [[2, 3], [0, 1]]
+    """
+    return _plan(
+        lambda: seq_lens,
+        max_token_len,
+        dp_group,
+        num_batches_divided_by,
+        same_micro_num_in_dp,
+        min_num_micro_batch,
+        use_dynamic_bsz_balance,
+        force_group_size,
+    )
+
+
+def plan_data_parallel(
+    rank_seq_lens: Sequence[LengthsLike],
+    max_token_len: int,
+    num_batches_divided_by: Optional[int] = None,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> list[list[list[int]]]:
+    """What synced data-parallel ranks would decide, computed in one process, no collective.
+
+    ``rank_seq_lens[r]`` is the effective lengths rank ``r`` would pass to
+    :func:`plan_micro_batches` with a ``dp_group`` of ``len(rank_seq_lens)`` ranks. The same
+    protocol runs with the all-reduces replaced by a max/min over the list, so the result is
+    exactly what each rank would get: use it to check a length distribution, a cap and a
+    data-parallel size before launching (the ``seqbal plan --dp N`` command does).
+
+    Returns:
+        Per rank, the micro-batches as ascending index lists into that rank's lengths; every
+        rank has the same count, with every guarantee of :func:`plan_micro_batches`.
+
+    Raises:
+        ValueError: (:class:`MicroBatchPlanError`) the error the failing rank would raise (the
+            one with the largest code, the highest rank on ties), its message prefixed with
+            ``rank r:`` when there is more than one rank; or ``Cannot satisfy max_token_len``
+            when the agreed count exceeds some rank's number of groups.
+
+    Examples:
+        >>> [len(parts) for parts in plan_data_parallel([[7] * 8, [1] * 8], 8)]
+        [8, 8]
+    """
+    if len(rank_seq_lens) == 0:
+        raise MicroBatchPlanError("rank_seq_lens is empty: give one length list per rank", MicroBatchPlanError.BAD_ARGUMENT)
+    stages = [
+        _local_stage(
+            (lambda lengths=lengths: lengths), max_token_len, num_batches_divided_by, min_num_micro_batch,
+            force_group_size, capture_unexpected=False,
+        )
+        for lengths in rank_seq_lens
+    ]
+    world = len(stages)
+    failing = [rank for rank, stage in enumerate(stages) if stage.problem is not None]
+    if failing:
+        # The same rank the packed MAX all-reduce would report: largest code, then highest rank.
+        rank = max(failing, key=lambda r: (stages[r].code, r))
+        problem = stages[rank].problem
+        if world == 1:
+            raise problem
+        raise MicroBatchPlanError(f"rank {rank}: {problem}", stages[rank].code) from problem
+    plans = [stage.plan for stage in stages]
+    min_groups_rank = max(range(world), key=lambda r: (-plans[r].num_groups, r))
+    min_groups = plans[min_groups_rank].num_groups
+    step = num_batches_divided_by or 1
+    count = roundup_divisible(max(plan.count for plan in plans), step)
+    while True:
+        if count > min_groups:
+            raise _cannot_satisfy_agreed(max_token_len, count, min_groups, min_groups_rank, None)
+        attempts = [_try_partition(plan, count) for plan in plans]
+        for candidate, _, failure in attempts:
+            if failure is not None:
+                raise failure
+        if all(within for _, within, _ in attempts):
+            return [_finish(stage, candidate, use_dynamic_bsz_balance) for stage, (candidate, _, _) in zip(stages, attempts)]
+        count += step
