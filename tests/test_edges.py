@@ -15,6 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from seqbal import MicroBatchPlanError, effective_lengths, plan_micro_batches, rearrange_micro_batches
@@ -260,3 +262,49 @@ def test_bool_lengths_are_rejected_as_tensor_list_and_array():
     for lengths in ([True, False], np.array([True, False]), torch.tensor([True, False])):
         with pytest.raises(ValueError, match="must hold integers"):
             plan_micro_batches(lengths, 10)
+
+
+# ------------------------------------------------------------------ properties
+
+_NUMPY_INTS = (np.int16, np.int32, np.int64, np.uint16, np.uint32, np.uint64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=40),
+    cap_extra=st.integers(0, 700),
+    divisor=st.one_of(st.none(), st.integers(1, 4)),
+    minimum=st.one_of(st.none(), st.integers(1, 4)),
+    kind=st.sampled_from(_NUMPY_INTS),
+)
+def test_numpy_integer_arguments_plan_exactly_like_python_ints(lengths, cap_extra, divisor, minimum, kind):
+    cap = max(lengths) + cap_extra + 1  # every sample fits; int16 holds it
+    as_python = dict(max_token_len=cap, num_batches_divided_by=divisor, min_num_micro_batch=minimum)
+    as_numpy = {name: None if value is None else kind(value) for name, value in as_python.items()}
+    try:
+        expected = plan_micro_batches(lengths, **as_python)
+    except MicroBatchPlanError as error:
+        with pytest.raises(MicroBatchPlanError) as info:
+            plan_micro_batches(lengths, **as_numpy)
+        assert (str(info.value), info.value.code) == (str(error), error.code)
+        return
+    assert plan_micro_batches(lengths, **as_numpy) == expected
+    assert_plan_invariants(lengths, expected, cap, num_batches_divided_by=divisor, min_num_micro_batch=minimum)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.sampled_from([0, 1, 0, 1, 2, -1, 0.5]), min_size=1, max_size=12), min_size=1, max_size=8),
+    dtype=st.sampled_from([torch.int64, torch.int32, torch.float32, torch.float64]),
+)
+def test_a_mask_is_counted_iff_it_holds_only_zeros_and_ones(rows, dtype):
+    width = max(len(row) for row in rows)
+    values = [row + [0] * (width - len(row)) for row in rows]
+    mask = torch.tensor(values, dtype=torch.float64).to(dtype)  # 0.5 truncates to 0 in an int mask
+    batch = TensorDict({"attention_mask": mask}, batch_size=[len(rows)])
+    stored = mask.double()
+    if bool(((stored == 0) | (stored == 1)).all()):
+        assert effective_lengths(batch).tolist() == [int(row.sum()) for row in stored]
+    else:
+        with pytest.raises(MicroBatchPlanError, match="only 0 and 1"):
+            effective_lengths(batch)
