@@ -60,7 +60,7 @@ def effective_lengths(batch: TensorDict) -> torch.Tensor:
     if "input_ids" in keys:
         input_ids = batch.get("input_ids")
         if isinstance(input_ids, torch.Tensor) and input_ids.is_nested:
-            if input_ids.layout != torch.jagged:
+            if input_ids.layout == torch.strided:
                 raise MicroBatchPlanError(
                     f"input_ids is a nested tensor of layout {input_ids.layout}: seqbal reads per-sample lengths "
                     f"from jagged nested tensors only; build it with layout=torch.jagged "
@@ -68,7 +68,8 @@ def effective_lengths(batch: TensorDict) -> torch.Tensor:
                     MicroBatchPlanError.BAD_BATCH,
                 )
             _check_not_meta("input_ids", input_ids)
-            lengths = input_ids.lengths()
+            # lengths() is None without holes (and absent on the oldest torch we support)
+            lengths = input_ids.lengths() if hasattr(input_ids, "lengths") else None
             if lengths is None:
                 return input_ids.offsets().diff().long()
             return lengths.long()
