@@ -4,8 +4,9 @@ Data-parallel ranks that must run the same number of micro-batches agree with ex
 all-reduces per call, whatever the data:
 
 1. one packed MAX all-reduce of what the ranks must know before anyone may raise: each rank's
-   proposed count, its largest forced-group token count, its (negated) number of groups, and an
-   error code. Errors travel *inside* this collective on purpose: if a rank raised before
+   proposed count, its largest forced-group token count, its (negated) number of groups, an
+   error code, and the arguments every rank must pass identically (each as itself and negated,
+   so that the MAX gives their minimum too and a mismatch is seen alike on every rank). Errors travel *inside* this collective on purpose: if a rank raised before
    joining it, its peers would block in the all-reduce until the process-group timeout (a hang
    of many minutes on a cluster). After it, every rank knows whether any rank failed, and all
    raise together;
@@ -23,7 +24,7 @@ also tells which rank failed or has the fewest groups, without a third collectiv
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ __all__ = [
     "Agreement",
     "LimitCheck",
     "is_sync_mode",
+    "is_process_group",
     "agree_on_constraints",
     "check_within_limit",
     "global_rank",
@@ -41,6 +43,11 @@ __all__ = [
 def is_sync_mode(dp_group: Optional[Any], same_micro_num_in_dp: bool) -> bool:
     """True when ranks of ``dp_group`` must agree on one micro-batch count (SPEC's sync mode)."""
     return bool(same_micro_num_in_dp) and dp_group is not None and dist.is_available() and dist.is_initialized()
+
+
+def is_process_group(value: Any) -> bool:
+    """True when ``value`` is a torch.distributed ProcessGroup (what ``dp_group`` must be)."""
+    return dist.is_available() and isinstance(value, dist.ProcessGroup)
 
 
 def _collective_device(group: Any) -> torch.device:
@@ -63,6 +70,8 @@ class Agreement:
         error_code: the largest error code raised locally by any rank, 0 if none.
         error_rank: the rank (group-local) that reported ``error_code``, -1 if none.
         world_size: size of the group.
+        must_match_ranges: for each value passed as ``must_match``, ``(min, max)`` over the
+            ranks that gave one, or None if no rank did; the ranks agree on it iff min == max.
     """
 
     count: int
@@ -72,6 +81,12 @@ class Agreement:
     error_code: int
     error_rank: int
     world_size: int
+    must_match_ranges: tuple[Optional[tuple[int, int]], ...] = ()
+
+
+# Below every valid entry (values are >= 0, negated ones <= 0 and > this): a rank with no value
+# to compare (its arguments were invalid) sends it and drops out of the MAX.
+_ABSENT = -(2**63)
 
 
 def agree_on_constraints(
@@ -80,11 +95,15 @@ def agree_on_constraints(
     num_groups: int,
     error_code: int,
     group: Any,
+    must_match: Sequence[Optional[int]] = (),
 ) -> Agreement:
-    """All-reduce (MAX) the four local facts in one int64 tensor and decode the agreement.
+    """All-reduce (MAX) the local facts in one int64 tensor and decode the agreement.
 
-    Every argument must be a non-negative int (``error_code`` 0 means no local error). A rank
-    with an error still calls this: that is what keeps its peers from hanging.
+    Every count argument must be a non-negative int (``error_code`` 0 means no local error). A
+    rank with an error still calls this: that is what keeps its peers from hanging.
+    ``must_match`` holds the values every rank must pass identically (ints in [0, 2**63 - 1],
+    None for "this rank has no valid value"); each travels as itself and negated, so the one
+    MAX yields both its maximum and its minimum. Every rank must pass the same number of them.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -92,17 +111,22 @@ def agree_on_constraints(
     # -num_groups * world + rank: MAX picks the fewest groups (largest rank on ties), and
     # (v // world, v % world) recovers both because 0 <= rank < world.
     groups_entry = -num_groups * world + rank
+    matched = [entry for value in must_match for entry in ((_ABSENT, _ABSENT) if value is None else (value, -value))]
     packed = torch.tensor(
-        [proposal, max_group_tokens, groups_entry, error_entry],
+        [proposal, max_group_tokens, groups_entry, error_entry, *matched],
         dtype=torch.int64,
         device=_collective_device(group),
     )
     dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
-    count, group_tokens, groups_value, error_value = packed.cpu().tolist()
+    count, group_tokens, groups_value, error_value, *matched_values = packed.cpu().tolist()
     if error_value >= 0:
         agreed_code, agreed_rank = divmod(error_value, world)
     else:
         agreed_code, agreed_rank = 0, -1
+    ranges = tuple(
+        None if high == _ABSENT else (-negated_low, high)
+        for high, negated_low in zip(matched_values[0::2], matched_values[1::2])
+    )
     return Agreement(
         count=int(count),
         max_group_tokens=int(group_tokens),
@@ -111,6 +135,7 @@ def agree_on_constraints(
         error_code=int(agreed_code),
         error_rank=int(agreed_rank),
         world_size=world,
+        must_match_ranges=ranges,
     )
 
 

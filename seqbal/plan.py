@@ -52,10 +52,19 @@ class MicroBatchPlanError(ValueError):
     EMPTY_BATCH = 5
     BAD_BATCH = 6
     BAD_ARGUMENT = 7
+    #: Found only by the agreement (never sent by one rank): the ranks passed different values
+    #: of an argument that must be identical on every rank of ``dp_group``.
+    MISMATCHED_ARGUMENTS = 8
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
         self.code = code
+
+    def __reduce__(self) -> tuple[Any, tuple[str, int]]:
+        # BaseException pickles ``self.args`` (the message alone) and would call
+        # ``cls(message)`` on load, which lacks ``code``: pickle and deepcopy (Ray and
+        # ProcessPoolExecutor workers) need both arguments back.
+        return (type(self), (str(self), self.code))
 
 
 _REASONS = {
@@ -66,7 +75,18 @@ _REASONS = {
     MicroBatchPlanError.EMPTY_BATCH: "its batch is empty",
     MicroBatchPlanError.BAD_BATCH: "its batch is malformed",
     MicroBatchPlanError.BAD_ARGUMENT: "an argument is invalid",
+    MicroBatchPlanError.MISMATCHED_ARGUMENTS: "the ranks passed different arguments",
 }
+
+#: Integer arguments travel through int64 (NumPy sums, the packed all-reduce): larger ones are
+#: rejected up front instead of wrapping around or raising OverflowError mid-plan.
+_INT64_MAX = 2**63 - 1
+
+#: Arguments that must be identical on every rank of ``dp_group``: a different cap or group size
+#: would silently plan each rank under its own rules, a different divisor gives different counts
+#: (a hang in the training step). ``min_num_micro_batch`` may differ: the agreed count is the
+#: largest proposal, so it honours the largest minimum on every rank.
+_MUST_MATCH = ("max_token_len", "num_batches_divided_by", "force_group_size")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,23 +98,52 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+@dataclass(frozen=True)
+class _Arguments:
+    """The validated integer arguments of a call, as Python ints."""
+
+    max_token_len: int
+    num_batches_divided_by: Optional[int]
+    min_num_micro_batch: Optional[int]
+    force_group_size: int
+
+    def must_match(self) -> tuple[int, ...]:
+        """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same)."""
+        return (self.max_token_len, self.num_batches_divided_by or 1, self.force_group_size)
+
+
 def _validate_arguments(
     max_token_len: Any,
     num_batches_divided_by: Any,
     min_num_micro_batch: Any,
     force_group_size: Any,
-) -> None:
+) -> _Arguments:
+    """Check the integer arguments and return them as Python ints.
+
+    Any integral type is accepted (``np.uint32(2)``, ``np.int16(4096)``) and converted, so that
+    no later arithmetic wraps or mixes unsigned and signed NumPy scalars; ``bool`` is rejected.
+    Every value must fit in int64.
+    """
+
     def bad(message: str) -> MicroBatchPlanError:
         return MicroBatchPlanError(message, MicroBatchPlanError.BAD_ARGUMENT)
 
-    if not _is_int(max_token_len) or max_token_len < 1:
-        raise bad(f"max_token_len must be a positive int, got {max_token_len!r}")
-    if not _is_int(force_group_size) or force_group_size < 1:
-        raise bad(f"force_group_size must be an int >= 1, got {force_group_size!r}")
-    if num_batches_divided_by is not None and (not _is_int(num_batches_divided_by) or num_batches_divided_by < 1):
-        raise bad(f"num_batches_divided_by must be None or an int >= 1, got {num_batches_divided_by!r}")
-    if min_num_micro_batch is not None and (not _is_int(min_num_micro_batch) or min_num_micro_batch < 1):
-        raise bad(f"min_num_micro_batch must be None or an int >= 1, got {min_num_micro_batch!r}")
+    def checked(name: str, value: Any, expected: str) -> int:
+        if not _is_int(value) or value < 1:
+            raise bad(f"{name} must be {expected}, got {value!r}")
+        if value > _INT64_MAX:
+            raise bad(f"{name}={value} is too large: seqbal counts tokens in int64, at most 2**63 - 1")
+        return int(value)
+
+    def optional(name: str, value: Any) -> Optional[int]:
+        return None if value is None else checked(name, value, "None or an int >= 1")
+
+    return _Arguments(
+        max_token_len=checked("max_token_len", max_token_len, "a positive int"),
+        force_group_size=checked("force_group_size", force_group_size, "an int >= 1"),
+        num_batches_divided_by=optional("num_batches_divided_by", num_batches_divided_by),
+        min_num_micro_batch=optional("min_num_micro_batch", min_num_micro_batch),
+    )
 
 
 def _is_torch_tensor(value: Any) -> bool:
@@ -105,9 +154,16 @@ def _is_torch_tensor(value: Any) -> bool:
 def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
     """Effective lengths as a 1-D int64 NumPy array, validated."""
     if _is_torch_tensor(seq_lens):
-        if seq_lens.is_floating_point() or seq_lens.is_complex():
+        # bool is rejected like a bool list or array is: True is not a length.
+        if seq_lens.is_floating_point() or seq_lens.is_complex() or str(seq_lens.dtype) == "torch.bool":
             raise MicroBatchPlanError(
                 f"seq_lens must hold integers, got a tensor of dtype {seq_lens.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        if seq_lens.device.type == "meta":
+            raise MicroBatchPlanError(
+                f"seq_lens is a tensor on the meta device (shape {tuple(seq_lens.shape)}): it holds no values "
+                f"to plan on; pass the lengths of a real batch",
+                MicroBatchPlanError.BAD_BATCH,
             )
         array = seq_lens.detach().cpu().long().numpy()
     else:
@@ -115,6 +171,12 @@ def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
         if array.size and not np.issubdtype(array.dtype, np.integer):
             raise MicroBatchPlanError(
                 f"seq_lens must hold integers, got dtype {array.dtype}", MicroBatchPlanError.BAD_BATCH
+            )
+        if array.size and array.dtype.kind == "u" and array.max() > _INT64_MAX:
+            index = int(np.argmax(array > _INT64_MAX))
+            raise MicroBatchPlanError(
+                f"sample {index} has {int(array[index])} tokens, more than seqbal counts in int64 (2**63 - 1)",
+                MicroBatchPlanError.BAD_BATCH,
             )
         array = array.astype(np.int64, copy=False)
     if array.ndim != 1:
@@ -266,6 +328,7 @@ class _LocalStage:
     lengths: Optional[np.ndarray]
     problem: Optional[Exception]
     code: int  # MicroBatchPlanError code of ``problem``, 0 without one
+    arguments: Optional[_Arguments] = None  # None when the arguments themselves are invalid
 
 
 def _local_stage(
@@ -282,13 +345,20 @@ def _local_stage(
     With ``capture_unexpected`` (sync mode) any exception is captured, not only ours: an
     unexpected one must still reach the agreement, or the peers would hang.
     """
+    arguments = None
     try:
-        _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        arguments = _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
         lengths = _lengths_array(get_lengths())
-        plan = _local_plan(lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
-        return _LocalStage(plan, lengths, None, 0)
+        plan = _local_plan(
+            lengths,
+            arguments.max_token_len,
+            arguments.num_batches_divided_by,
+            arguments.min_num_micro_batch,
+            arguments.force_group_size,
+        )
+        return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:
-        return _LocalStage(None, None, error, error.code)
+        return _LocalStage(None, None, error, error.code, arguments)
     except Exception as error:  # noqa: BLE001
         if not capture_unexpected:
             raise
@@ -296,7 +366,47 @@ def _local_stage(
             f"the batch could not be read: {type(error).__name__}: {error}", MicroBatchPlanError.BAD_BATCH
         )
         wrapped.__cause__ = error
-        return _LocalStage(None, None, wrapped, wrapped.code)
+        return _LocalStage(None, None, wrapped, wrapped.code, arguments)
+
+
+def _mismatch_error(ranges: Sequence[Optional[tuple[int, int]]]) -> Optional[MicroBatchPlanError]:
+    """The error every rank raises when the agreed (min, max) of a must-match argument differ.
+
+    Built from agreed values only, so that every rank raises the very same message.
+    """
+    differing = [
+        f"{name} from {low} to {high}" + (" (None counts as 1)" if name == "num_batches_divided_by" else "")
+        for name, bounds in zip(_MUST_MATCH, ranges)
+        if bounds is not None
+        for low, high in [bounds]
+        if low != high
+    ]
+    if not differing:
+        return None
+    return MicroBatchPlanError(
+        f"the ranks of the data-parallel group passed different arguments that must be identical on every "
+        f"rank: {'; '.join(differing)}. Pass the same {', '.join(_MUST_MATCH)} on every rank of dp_group "
+        f"(min_num_micro_batch may differ: the largest one applies to every rank)",
+        MicroBatchPlanError.MISMATCHED_ARGUMENTS,
+    )
+
+
+def _check_dp_group(dp_group: Any) -> None:
+    """``dp_group`` must be None or a torch.distributed ProcessGroup; raised before any collective.
+
+    A string or a rank number here is a caller's slip that would otherwise fail deep inside
+    torch.distributed (``AttributeError ... 'size'``) or be ignored without a process group.
+    """
+    if dp_group is None:
+        return
+    from . import collectives  # a caller passing a group already has torch loaded
+
+    if not collectives.is_process_group(dp_group):
+        raise MicroBatchPlanError(
+            f"dp_group must be None or a torch.distributed ProcessGroup (e.g. torch.distributed.group.WORLD "
+            f"or one made with torch.distributed.new_group), got {type(dp_group).__name__} {dp_group!r}",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        )
 
 
 def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[int]]], bool, Optional[Exception]]:
@@ -338,6 +448,7 @@ def _plan(
     use_dynamic_bsz_balance: bool,
     force_group_size: int,
 ) -> list[list[int]]:
+    _check_dp_group(dp_group)
     sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
     stage = _local_stage(
         get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
@@ -359,11 +470,17 @@ def _plan(
         num_groups=local.num_groups if local else 0,
         error_code=stage.code,
         group=dp_group,
+        must_match=stage.arguments.must_match() if stage.arguments else (None,) * len(_MUST_MATCH),
     )
+    # A mismatch first: it is usually why some rank failed, and every rank can tell it alike.
+    mismatch = _mismatch_error(agreement.must_match_ranges)
+    if mismatch is not None:
+        raise mismatch
     if agreement.error_code:
         raise stage.problem if stage.problem is not None else _peer_failure(agreement, max_token_len, dp_group)
-    assert local is not None
-    step = num_batches_divided_by or 1
+    assert local is not None and stage.arguments is not None
+    max_token_len = stage.arguments.max_token_len
+    step = stage.arguments.num_batches_divided_by or 1
     count = roundup_divisible(agreement.count, step)
     while True:
         if count > agreement.min_groups:
@@ -427,10 +544,16 @@ def plan_micro_batches(
         Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
         all-reduces.
 
+    Integer arguments may be any integral type (``np.uint32(2)`` is 2); each must fit in int64,
+    and ``bool`` is rejected.
+
     Raises:
         ValueError: (:class:`MicroBatchPlanError`) invalid arguments, an empty batch, a negative
             length, a sample or forced group over the cap, or a count that cannot be formed
-            (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together.
+            (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together; if
+            the ranks passed different ``max_token_len``, ``num_batches_divided_by`` or
+            ``force_group_size``, every rank raises the same error saying so. A ``dp_group``
+            that is not None or a ProcessGroup is an error before any collective.
 
     Examples:
         >>> plan_micro_batches([7] * 8, max_token_len=8)  # ceildiv(56, 8) = 7 is only a bound
@@ -499,6 +622,9 @@ def plan_data_parallel(
             raise problem
         raise MicroBatchPlanError(f"rank {rank}: {problem}", stages[rank].code) from problem
     plans = [stage.plan for stage in stages]
+    arguments = stages[0].arguments
+    assert arguments is not None
+    max_token_len, num_batches_divided_by = arguments.max_token_len, arguments.num_batches_divided_by
     min_groups_rank = max(range(world), key=lambda r: (-plans[r].num_groups, r))
     min_groups = plans[min_groups_rank].num_groups
     step = num_batches_divided_by or 1

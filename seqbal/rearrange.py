@@ -8,12 +8,13 @@ once, and putting per-sample outputs back in the original order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import chain
-from typing import Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from .plan import MicroBatchPlanError, _plan
 
@@ -28,18 +29,50 @@ __all__ = [
 def effective_lengths(batch: TensorDict) -> torch.Tensor:
     """Effective (non-padding) token count of every sample of ``batch``, as an int64 tensor.
 
-    If ``batch["input_ids"]`` is a nested (jagged) tensor, its per-sample lengths; otherwise
-    ``batch["attention_mask"].sum(-1)`` of a 2-D mask. Stays on the batch's device. O(B * S).
+    If ``batch["input_ids"]`` is a jagged nested tensor, its per-sample lengths: ``lengths()``
+    when it has them (a view with holes, e.g. from ``torch.nested.narrow`` or
+    ``nested_tensor_from_jagged(..., lengths=...)``), else the differences of ``offsets()``.
+    Otherwise ``batch["attention_mask"].sum(-1)`` of a 2-D mask, which must be bool or hold only
+    0 and 1: a float mask of 0.999 or NaN, or an integer mask of 2, is not a count of tokens.
+    Stays on the batch's device. O(B * S); the 0/1 check of a non-bool mask is one more pass
+    (``aminmax``, plus an equality test for float masks). Measured on the CPU at 4096 x 8192
+    (``python -m benchmarks.mask_check``, median of 7 repeats, 2 runs): the check costs 1.7-1.8x
+    the count itself for an int64 mask (worst repeat 2.1x; about 40-70 ms), 0.1x for int32,
+    1.0x for float32, and nothing for a bool mask, which is never checked.
 
     Raises:
-        MicroBatchPlanError: neither a nested ``input_ids`` nor an ``attention_mask``, or a mask
-            that is not 2-D.
+        MicroBatchPlanError: ``batch`` is not a TensorDict (or mapping); neither a nested
+            ``input_ids`` nor an ``attention_mask``; a strided (non-jagged) nested
+            ``input_ids``; a mask that is not 2-D, not real-valued, not 0/1, or on the meta
+            device.
+
+    Examples:
+        >>> mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+        >>> effective_lengths(TensorDict({"attention_mask": mask}, batch_size=[2])).tolist()
+        [2, 1]
     """
+    if not isinstance(batch, (TensorDictBase, Mapping)):
+        raise MicroBatchPlanError(
+            f"batch must be a TensorDict (or a mapping of tensors), got {_describe(batch)}",
+            MicroBatchPlanError.BAD_BATCH,
+        )
     keys = set(batch.keys())
     if "input_ids" in keys:
         input_ids = batch.get("input_ids")
         if isinstance(input_ids, torch.Tensor) and input_ids.is_nested:
-            return input_ids.offsets().diff().long()
+            if input_ids.layout == torch.strided:
+                raise MicroBatchPlanError(
+                    f"input_ids is a nested tensor of layout {input_ids.layout}: seqbal reads per-sample lengths "
+                    f"from jagged nested tensors only; build it with layout=torch.jagged "
+                    f"(torch.nested.as_nested_tensor(rows, layout=torch.jagged))",
+                    MicroBatchPlanError.BAD_BATCH,
+                )
+            _check_not_meta("input_ids", input_ids)
+            # lengths() is None without holes (and absent on the oldest torch we support)
+            lengths = input_ids.lengths() if hasattr(input_ids, "lengths") else None
+            if lengths is None:
+                return input_ids.offsets().diff().long()
+            return lengths.long()
     if "attention_mask" not in keys:
         raise MicroBatchPlanError(
             f"cannot find sequence lengths: the batch has neither a nested 'input_ids' nor an 'attention_mask' "
@@ -52,11 +85,88 @@ def effective_lengths(batch: TensorDict) -> torch.Tensor:
         raise MicroBatchPlanError(
             f"attention_mask must be 2-D (batch, seq_len), got shape {shape}", MicroBatchPlanError.BAD_BATCH
         )
-    if mask.dtype == torch.bool and mask.device.type == "cpu":
-        # Summing a bool tensor on the CPU takes a slow path in torch (about 10x NumPy's count
-        # of non-zeros, measured at 4096 x 4096 in benchmarks/breakdown.py); same result.
-        return torch.from_numpy(np.count_nonzero(mask.detach().numpy(), axis=-1).astype(np.int64))
+    _check_not_meta("attention_mask", mask)
+    if mask.dtype == torch.bool:
+        if mask.device.type == "cpu":
+            # Summing a bool tensor on the CPU takes a slow path in torch (about 10x NumPy's count
+            # of non-zeros, measured at 4096 x 4096 in benchmarks/breakdown.py); same result.
+            return torch.from_numpy(np.count_nonzero(mask.detach().numpy(), axis=-1).astype(np.int64))
+        return mask.sum(-1, dtype=torch.int64)
+    _check_zero_one(mask)
     return mask.sum(-1, dtype=torch.int64)
+
+
+def _describe(value: object) -> str:
+    """``a Tensor of shape (4, 8)``, ``a dict with keys [...]``: what was passed, for messages."""
+    kind = type(value).__name__
+    if isinstance(value, torch.Tensor):
+        return f"a {kind} of shape {tuple(value.shape)}"
+    if isinstance(value, Mapping):
+        return f"a {kind} with keys {sorted(map(str, value.keys()))[:10]}"
+    return f"a {type(value).__module__}.{kind}" if type(value).__module__ != "builtins" else f"a {kind} ({value!r:.60})"
+
+
+def _check_not_meta(name: str, tensor: torch.Tensor) -> None:
+    if tensor.device.type == "meta":
+        raise MicroBatchPlanError(
+            f"{name} is on the meta device (shape {tuple(tensor.shape)}): it holds no values to count "
+            f"tokens from; plan on the real batch",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+
+
+def _check_zero_one(mask: torch.Tensor) -> None:
+    """A non-bool mask must hold only 0 and 1: anything else would be truncated or summed as counts."""
+    if mask.is_complex():
+        raise MicroBatchPlanError(
+            f"attention_mask must be bool or hold only 0 and 1, got a complex mask of dtype {mask.dtype}",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    if mask.numel() == 0:
+        return
+    low, high = torch.aminmax(mask)
+    # NaN fails both comparisons; an integer mask within [0, 1] holds only 0 and 1.
+    valid = bool(low >= 0) and bool(high <= 1)
+    if valid and mask.is_floating_point():
+        valid = bool(((mask == 0) | (mask == 1)).all())
+    if not valid:
+        bad = ~((mask == 0) | (mask == 1))
+        row, column = (int(i) for i in bad.nonzero()[0])
+        raise MicroBatchPlanError(
+            f"attention_mask must be bool or hold only 0 and 1, got {_show(mask[row, column])} at "
+            f"[{row}, {column}] (dtype {mask.dtype}, values from {_show(low)} to {_show(high)}); "
+            f"convert it with mask.bool() if non-zero means a token",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+
+
+def _show(value: torch.Tensor) -> str:
+    """One element as a user wrote it: ``0.999`` rather than float32's ``0.9990000128746033``."""
+    number = value.item()
+    return f"{number:.6g}" if isinstance(number, float) else repr(number)
+
+
+def _indexable_batch(batch: object) -> None:
+    """``rearrange_micro_batches`` indexes ``batch`` along dim 0: reject what cannot be indexed
+    that way before any planning (in sync mode, before the first all-reduce, so the failure is
+    agreed instead of raised on this rank alone after its peers returned)."""
+    if not isinstance(batch, TensorDictBase):
+        raise MicroBatchPlanError(
+            f"batch must be a tensordict.TensorDict with batch_size [B], got {_describe(batch)}; wrap the "
+            f"tensors with TensorDict(data, batch_size=[B]) or plan on lengths with plan_micro_batches",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    if batch.batch_dims < 1:
+        raise MicroBatchPlanError(
+            f"batch must have a batch dimension (batch_size [B]) to be split along, got batch_size "
+            f"{list(batch.batch_size)}; build it with TensorDict(data, batch_size=[B])",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+
+
+def _batch_lengths(batch: TensorDict) -> torch.Tensor:
+    _indexable_batch(batch)
+    return effective_lengths(batch)
 
 
 def rearrange_micro_batches(
@@ -89,14 +199,14 @@ def rearrange_micro_batches(
 
     Examples:
         >>> import torch
-        >>> from tensordict import TensorDict
+        >>> from tensordict import TensorDict, TensorDictBase
         >>> batch = TensorDict({"attention_mask": torch.ones(8, 7, dtype=torch.long)}, batch_size=[8])
         >>> micro_batches, indices = rearrange_micro_batches(batch, max_token_len=8)
         >>> len(micro_batches), [mb.batch_size[0] for mb in micro_batches]
         (8, [1, 1, 1, 1, 1, 1, 1, 1])
     """
     indices = _plan(
-        lambda: effective_lengths(batch),
+        lambda: _batch_lengths(batch),
         max_token_len,
         dp_group,
         num_batches_divided_by,

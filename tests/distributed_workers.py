@@ -67,11 +67,15 @@ class Scenario:
             (``dp_group=None``), "single" (a group of this rank only), "pairs" (ranks 2i and
             2i+1 form a group).
         api: "plan" (``plan_micro_batches``), "dense" (``rearrange_micro_batches`` on an
-            attention mask), "jagged" (nested ``input_ids``), "no_mask" (a batch without
-            lengths, on ``bad_ranks`` only; the others get "dense").
+            attention mask), "jagged" (nested ``input_ids``); on ``bad_ranks`` only (the
+            others get "dense"): "no_mask" (a batch without lengths), "unbatched" (a
+            TensorDict with ``batch_size=[]``: it plans but cannot be indexed), "half_mask"
+            (an attention mask holding 0.5).
         synced: the call is in sync mode (two all-reduces expected, else none).
         bad_ranks: {rank: substrings its own message must hold}; empty for a good scenario.
         cannot_satisfy: every rank's message must start with "Cannot satisfy max_token_len".
+        all_raise: every rank raises the very same ValueError, holding each of these
+            substrings (an error only the agreement can see, e.g. mismatched arguments).
         named_rank: the group-local rank every other rank's message must name (default: the
             single bad rank, if there is one).
         hook: "second_pass" (rank 0's first partition fails, forcing a second pass of the
@@ -90,10 +94,11 @@ class Scenario:
     cannot_satisfy: bool = False
     named_rank: Optional[int] = None
     hook: Optional[str] = None
+    all_raise: list[str] = field(default_factory=list)
 
     @property
     def expect_error(self) -> bool:
-        return bool(self.bad_ranks) or self.cannot_satisfy
+        return bool(self.bad_ranks) or self.cannot_satisfy or bool(self.all_raise)
 
     def call_kwargs(self, rank: int) -> dict[str, Any]:
         merged = dict(self.kwargs)
@@ -212,6 +217,40 @@ def build_scenarios(world: int) -> list[Scenario]:
                  rank_kwargs={last: {"force_group_size": 0}}, bad_ranks={last: ["force_group_size"]}))
     add(Scenario("err_no_lengths_in_batch", base, {"max_token_len": CAP}, api="no_mask",
                  bad_ranks={last: ["attention_mask"]}))
+    add(Scenario("err_unindexable_batch", base, {"max_token_len": CAP}, api="unbatched",
+                 bad_ranks={last: ["batch must have a batch dimension", "batch_size []"]}))
+    add(Scenario("err_mask_of_halves", base, {"max_token_len": CAP}, api="half_mask",
+                 bad_ranks={last: ["attention_mask must be bool or hold only 0 and 1", "got 0.5"]}))
+
+    # --- arguments that must match differ between ranks: the same ValueError everywhere ----
+    mismatch = "passed different arguments that must be identical on every rank"
+    # divisors 2 and 3 on [5] * 12 used to give counts 4 and 3 without an error
+    add(Scenario("err_mismatch_divisor", [[5] * 12 for _ in ranks], {"max_token_len": 100, "num_batches_divided_by": 2},
+                 rank_kwargs={last: {"num_batches_divided_by": 3}},
+                 all_raise=[mismatch, "num_batches_divided_by from 2 to 3"]))
+    # ... and this one left the last rank waiting in the second all-reduce
+    lopsided = [[30] * 12 for _ in ranks]
+    lopsided[last] = [90] * 7
+    add(Scenario("err_mismatch_divisor_hang", lopsided, {"max_token_len": 100, "num_batches_divided_by": 2},
+                 rank_kwargs={last: {"num_batches_divided_by": 7}},
+                 all_raise=[mismatch, "num_batches_divided_by from 2 to 7"]))
+    add(Scenario("err_mismatch_divisor_none", base, {"max_token_len": CAP},
+                 rank_kwargs={0: {"num_batches_divided_by": 2}},
+                 all_raise=[mismatch, "num_batches_divided_by from 1 to 2 (None counts as 1)"]))
+    add(Scenario("err_mismatch_cap", base, {"max_token_len": CAP}, rank_kwargs={last: {"max_token_len": 2 * CAP}},
+                 all_raise=[mismatch, f"max_token_len from {CAP} to {2 * CAP}"]))
+    add(Scenario("err_mismatch_group_size", even, {"max_token_len": CAP, "force_group_size": 2},
+                 rank_kwargs={0: {"force_group_size": 1}}, all_raise=[mismatch, "force_group_size from 1 to 2"]))
+    # the mismatch is reported even when it also makes a rank's data fail (here: over its cap)
+    add(Scenario("err_mismatch_cap_and_over_cap", [[3000] * 4 for _ in ranks], {"max_token_len": CAP},
+                 rank_kwargs={last: {"max_token_len": 2000}}, all_raise=[mismatch, f"max_token_len from 2000 to {CAP}"]))
+    # min_num_micro_batch may differ: every rank gets the largest minimum
+    add(Scenario("plan_min_differs", base, {"max_token_len": CAP, "min_num_micro_batch": 2},
+                 rank_kwargs={last: {"min_num_micro_batch": 11}}, api="dense"))
+    # NumPy scalars (unsigned included) are plain ints by the time they are packed
+    add(Scenario("plan_numpy_arguments", other, {"max_token_len": np.int16(CAP), "num_batches_divided_by": np.uint32(2),
+                                                 "min_num_micro_batch": np.uint64(3)}))
+
     if world > 2:
         two_bad = [list(x) for x in base]
         two_bad[1] = []
@@ -264,9 +303,11 @@ def _make_batch(lengths: list[int], api: str, seed: int):
         "sample_id": sample_id,
         "position_ids": torch.cumsum(mask, -1),
     }
+    if api == "half_mask":
+        mask = mask * 0.5
     if api != "no_mask":
         data["attention_mask"] = mask
-    return TensorDict(data, batch_size=[n])
+    return TensorDict(data, batch_size=[] if api == "unbatched" else [n])
 
 
 def _roundtrip(batch, micro_batches, indices, api: str) -> dict[str, Any]:
@@ -370,7 +411,7 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
     kwargs = scenario.call_kwargs(rank)
     lengths = scenario.lengths[rank]
     api = scenario.api
-    if api == "no_mask" and rank not in scenario.bad_ranks:
+    if api in ("no_mask", "unbatched", "half_mask") and rank not in scenario.bad_ranks:
         api = "dense"
     batch = None if api == "plan" else _make_batch(lengths, api, seed=rank)
 
@@ -451,6 +492,11 @@ def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: s
             )
             if backend == "nccl":
                 _warm_up(dist.group.WORLD)
+            # seqbal loads its TensorDict half lazily, on the first rearrange call: load it here,
+            # or that import (about a second on a busy machine) lands inside a timed scenario
+            # and reads as a rank waiting on its peers.
+            import seqbal.rearrange  # noqa: F401
+
             counter = _CollectiveCounter()
             write({"name": "__ready__", "rank": rank, "startup_s": time.time() - entered})
             for scenario in build_scenarios(world):

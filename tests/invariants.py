@@ -25,6 +25,10 @@ def assert_plan_invariants(
     min_num_micro_batch: Optional[int] = None,
 ) -> None:
     """Assert every guarantee of SPEC's "Public API" section for one returned plan."""
+    # Arguments may be NumPy scalars (np.int16, np.uint32): check in Python ints, which never wrap.
+    max_token_len, force_group_size = int(max_token_len), int(force_group_size)
+    num_batches_divided_by = None if num_batches_divided_by is None else int(num_batches_divided_by)
+    min_num_micro_batch = None if min_num_micro_batch is None else int(min_num_micro_batch)
     lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     flat = [i for part in parts for i in part]

@@ -193,7 +193,7 @@ def _local_count(scenario: Scenario, rank: int) -> int:
 
 
 def _expects_error(scenario: Scenario, rank: int, world: int) -> bool:
-    if scenario.cannot_satisfy:
+    if scenario.cannot_satisfy or scenario.all_raise:
         return True
     return any(bad in scenario.bad_ranks for bad in scenario.group_of(rank, world))
 
@@ -226,6 +226,11 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
             assert record["outcome"] == "error", f"rank {rank} returned while its group must raise"
             assert record["is_value_error"], f"rank {rank} raised {record['error_type']}: {record.get('traceback')}"
             message = record["message"]
+            if scenario.all_raise:
+                for expected in scenario.all_raise:
+                    assert expected in message, f"rank {rank}'s error lacks {expected!r}: {message}"
+                assert message == records[0]["message"], f"ranks 0 and {rank} raised different errors"
+                continue
             if scenario.cannot_satisfy:
                 assert message.startswith("Cannot satisfy max_token_len"), f"rank {rank}: {message}"
             if rank in scenario.bad_ranks:
@@ -427,5 +432,16 @@ def test_scenarios_cover_the_issue():
             assert required in names, (world, required)
         sizes = {len(x) for x in SCENARIOS[world]["plan_mixed"].lengths}
         assert len(sizes) == world, "every rank should have its own batch size"
+        for required in (  # issue 13
+            "err_mismatch_divisor",
+            "err_mismatch_divisor_hang",
+            "err_mismatch_cap",
+            "err_mismatch_group_size",
+            "err_unindexable_batch",
+            "err_mask_of_halves",
+            "plan_min_differs",
+            "plan_numpy_arguments",
+        ):
+            assert required in names, (world, required)
     assert "pairs_own_count" in SCENARIOS[4]
     assert CAP == SCENARIOS[2]["plan_mixed"].kwargs["max_token_len"]
