@@ -534,3 +534,18 @@ def test_one_pass_baseline_is_verl_0_8():
     expected = karmarkar_karp(calculate_workload(lengths), ceildiv(int(lengths.sum()), 4096), equal_size=False)
     assert result.parts == [[sorted(p) for p in expected]]
     assert (result.count, result.over_cap, result.largest) == (94, 64, 4136)
+
+
+def test_planning_from_the_command_line_does_not_import_torch(tmp_path):
+    """`seqbal plan` with ranks, every route and the comparison needs only NumPy."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from seqbal.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['plan', '--dp', '2', '--compare', 'on']) == 0\n"
+        "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

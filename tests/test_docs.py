@@ -141,3 +141,15 @@ def test_snippets_run(page, tmp_path, monkeypatch):
     assert not failures, "blocks that do not run on their own:\n" + "\n".join(failures)
     if page.name in {"index.md", "guide.md", "algorithm.md", "api.md"}:
         assert ran, f"{page.name} has no runnable snippet"
+
+
+def test_readme_install_is_honest():
+    """Python >= 3.10 (torch 2.13), the CPU build named as such, and no torch reinstall on the
+    main-job line (it would replace a trainer's own torch)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "Python >= 3.10" in text and "3.9" not in text
+    cpu_lines = [line for line in text.splitlines() if line.startswith("pip install torch==")]
+    assert cpu_lines and all("--index-url https://download.pytorch.org/whl/cpu" in line for line in cpu_lines)
+    main_job = [line for line in text.splitlines() if "torchrun" in line and line.startswith("pip ")]
+    assert main_job and not any("torch==" in line for line in main_job)
+    assert "not on the package index" in text
