@@ -315,6 +315,27 @@ def read_lengths(
     return Lengths(array, np.asarray(places, dtype=np.int64), unit, name)
 
 
+def check_workload_range(lengths: Lengths) -> None:
+    """The workload model ``24576 s + s**2`` of every sample, and their total, fit in int64.
+
+    The planners balance workloads in int64; past that they would wrap around silently (a
+    balance on garbage) or report a misleading "negative workload". The bound used,
+    ``(24576 + longest) * total tokens``, is above the true total, so this never rejects input
+    that fits; it only rejects lengths far beyond any model's context (billions of tokens).
+
+    Raises:
+        InputError: the bound exceeds 2**63 - 1.
+    """
+    longest = int(lengths.values.max())
+    total = sum(lengths.values.tolist())
+    if (24576 + longest) * total > MAX_INT64:
+        index = int(np.argmax(lengths.values))
+        raise InputError(
+            f"{lengths.name}: lengths this large overflow the workload model (24576 s + s**2 per sample, counted "
+            f"in 64 bits): the longest is {longest} tokens ({lengths.place(index)}) and the total {total}"
+        )
+
+
 def check_groups_fit(lengths: Lengths, max_token_len: int, group_size: int) -> None:
     """Every sample (or forced group of ``group_size`` consecutive samples) fits under the cap.
 
@@ -506,6 +527,10 @@ def _timed(function: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
+def _micro_batches(count: int) -> str:
+    return f"{count} micro-batch" + ("" if count == 1 else "es")
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
@@ -581,6 +606,7 @@ def _compare(args: argparse.Namespace, samples: int) -> bool:
 def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None) -> dict[str, Any]:
     """Read, split, plan with seqbal and (when compared) with verl's loops; the dict ``--json`` prints."""
     lengths = read_lengths(args.file, field=args.field, column=args.column, stdin=stdin)
+    check_workload_range(lengths)
     check_groups_fit(lengths, args.max_token_len, args.group_size)
     start = time.perf_counter()
     split = _split(lengths, args, args.route)
@@ -683,7 +709,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"settings: max_token_len={settings['max_token_len']}, dp={dp}" + route
         + (", " + ", ".join(extras) if extras else ""),
         "",
-        f"seqbal: {ours['micro_batches_per_rank']} micro-batches per rank"
+        f"seqbal: {_micro_batches(ours['micro_batches_per_rank'])} per rank"
         + (f", agreed in {ours['all_reduces']} all-reduces" if ours["all_reduces"] else "")
         + f" (planned in {_duration(ours['seconds'])})",
         format_table(ours["ranks"]),
