@@ -806,20 +806,20 @@ def _parser() -> argparse.ArgumentParser:
     positive = _int_in(1)
     plan.add_argument("file", nargs="?", help="lengths file, or - for standard input; default: the shipped "
                                               "Qwen2.5-Math rollout sample (800 lengths)")
-    plan.add_argument("--field", help=".jsonl: key holding the length (or token list) in each object; "
+    plan.add_argument("--field", metavar="NAME[+NAME]", help=".jsonl: key holding the length (or token list) in each object; "
                                       "a sum of keys with + (prompt_len+response_len)")
-    plan.add_argument("--column", help=".parquet: column holding the lengths (or token lists); sums with +")
-    plan.add_argument("--max-token-len", type=positive, default=DEFAULT_MAX_TOKEN_LEN,
+    plan.add_argument("--column", metavar="NAME[+NAME]", help=".parquet: column holding the lengths (or token lists); sums with +")
+    plan.add_argument("--max-token-len", metavar="N", type=positive, default=DEFAULT_MAX_TOKEN_LEN,
                       help=f"hard cap on effective tokens per micro-batch (default {DEFAULT_MAX_TOKEN_LEN})")
-    plan.add_argument("--dp", type=positive, default=1, help="simulated data-parallel ranks (default 1)")
+    plan.add_argument("--dp", metavar="N", type=positive, default=1, help="simulated data-parallel ranks (default 1)")
     plan.add_argument("--route", choices=ROUTES, default="balance_batch",
                       help="how samples reach the ranks: balance_batch (verl's driver-side balance, the default), "
                            "contiguous (consecutive chunks), schedule (seqbal's build_dp_schedule, which also "
                            "decides the micro-batches)")
-    plan.add_argument("--group-size", type=positive, default=1, help="force_group_size: samples kept together (default 1)")
-    plan.add_argument("--divisible-by", type=positive, default=None, help="num_batches_divided_by (default none)")
-    plan.add_argument("--min-micro-batches", type=positive, default=None, help="min_num_micro_batch (default none)")
-    plan.add_argument("--seed", type=_int_in(0), default=None, help="shuffle groups with this seed before splitting over ranks")
+    plan.add_argument("--group-size", metavar="G", type=positive, default=1, help="force_group_size: samples kept together (default 1)")
+    plan.add_argument("--divisible-by", metavar="D", type=positive, default=None, help="num_batches_divided_by (default none)")
+    plan.add_argument("--min-micro-batches", metavar="M", type=positive, default=None, help="min_num_micro_batch (default none)")
+    plan.add_argument("--seed", metavar="S", type=_int_in(0), default=None, help="shuffle groups with this seed before splitting over ranks")
     plan.add_argument("--compare", choices=("auto", "on", "off"), default="auto",
                       help=f"compare with verl's loops and the other routes: auto (default) does it up to "
                            f"{COMPARE_AUTO_MAX_SAMPLES} samples, where it takes about a second")
