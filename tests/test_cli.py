@@ -36,8 +36,8 @@ class Result:
 
 
 def call(*args: str) -> Result:
-    """In-process ``main(argv)``: same code path as the subprocess, without the ~3 s of importing
-    torch again. Used for the many input variants; the subprocess tests cover the real launch."""
+    """In-process ``main(argv)``: same code path as the subprocess, without starting Python again.
+    Used for the many input variants; the subprocess tests cover the real launch."""
     from seqbal.cli import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
