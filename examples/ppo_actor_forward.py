@@ -1,7 +1,8 @@
 """PPO actor forward with seqbal: per-token log-probs of rollout responses in dynamic micro-batches.
 
 Run:  torchrun --nproc_per_node=2 examples/ppo_actor_forward.py
-      (gloo on CPU; NCCL when CUDA is present; `python examples/ppo_actor_forward.py` runs 1 rank)
+      (NCCL when this node has a GPU for every rank, else gloo on the CPU;
+      `python examples/ppo_actor_forward.py` runs 1 rank)
 
 What a PPO/GRPO actor does when it recomputes old log-probs, step by step:
   1. each data-parallel rank holds a rollout batch: left-padded prompts, right-padded responses;
@@ -35,20 +36,31 @@ from tiny_model import TinyCausalLM
 ATOL = RTOL = 1e-5
 
 
-def init_distributed() -> torch.device:
+def choose_backend(local_world_size: int) -> str:
+    """NCCL only when every rank of this node can have a GPU of its own, else gloo on the CPU.
+
+    Two ranks on a one-GPU machine would both need ``cuda:0`` (NCCL refuses two ranks on one
+    device) or ``set_device(1)``, which does not exist there; gloo on the CPU always works.
+    """
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world_size:
+        return "nccl"
+    return "gloo"
+
+
+def init_distributed() -> tuple[torch.device, str]:
     """torchrun sets RANK/WORLD_SIZE; a plain `python` run gets a one-rank group of its own."""
-    cuda = torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    backend = choose_backend(local_world)
     if "RANK" in os.environ:
         dist.init_process_group(backend)
     else:
         store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
-    if cuda:
+    if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+        return torch.device("cuda", local_rank), backend
+    return torch.device("cpu"), backend
 
 
 def rollout_batch(rank: int, batch_size: int, max_prompt: int, max_response: int, vocab: int, device) -> TensorDict:
@@ -130,7 +142,7 @@ def main() -> int:
     parser.add_argument("--max-token-len", type=int, default=64, help="hard cap per micro-batch (default 64)")
     args = parser.parse_args()
 
-    device = init_distributed()
+    device, backend = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # identical weights on every rank, as after a broadcast
     model = TinyCausalLM(vocab=97, hidden=32, layers=2, heads=2).to(device).eval()
@@ -153,6 +165,8 @@ def main() -> int:
     tables = [None] * world
     dist.all_gather_object(tables, table)
     if rank == 0:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        print(f"backend: {backend} ({world} rank(s), {gpus} GPU(s): NCCL needs a GPU per rank on each node)\n")
         print("\n\n".join(tables))
         counts = {t.split(": ")[1].split(" ")[0] for t in tables}
         print(f"\nsame micro-batch count on every rank: {len(counts) == 1}")

@@ -1,181 +1,64 @@
 """``seqbal plan``: see what seqbal will do with your lengths before you launch a run.
 
-The command reads a length distribution (a text file, ``.npy``, ``.jsonl`` or ``.parquet``, or
-the real rollout sample shipped in ``seqbal/data``), splits it over simulated data-parallel
-ranks the way a trainer does (contiguous chunks, optionally shuffled first), and applies the
-same decision the ranks would make together: each rank finds its smallest feasible count, the
-ranks take the largest, and every rank partitions at that count. It then prints the per-rank
-figures next to those of the older KK loop, so the gain is visible on the user's own data.
+The command reads a length distribution (a text file, ``.npy``, ``.jsonl``, ``.parquet``, ``-``
+for standard input, or the real rollout sample shipped in ``seqbal/data``), splits it over
+simulated data-parallel ranks the way the trainer would (``--route``: verl's driver-side
+``balance_batch`` by default, contiguous chunks, or seqbal's global ``build_dp_schedule``), and
+applies the decision the ranks would make together. It prints the per-rank figures next to what
+the user runs today, named by verl version: the strict loop of verl >= 0.9 (count and time) and
+the single pass of verl <= 0.8 (count, micro-batches over the cap, the largest).
 
-The CLI never shows a traceback: impossible settings print the library's own explanation,
-unreadable input names the file and line, and both exit with code 2 (argparse's usage code).
-The simulation is the public :func:`~seqbal.plan_data_parallel`: the library's own agreement
-protocol with the all-reduces replaced by a max/min over the simulated ranks, so what it shows is
-exactly what each rank would get; no collective is involved.
+The CLI never shows a traceback and every bad input exits with code 2 and one line: argument
+values are range-checked by argparse, and reading (``_length_input.py``) names the file and
+line of unusable input and the lines of a sample or group over the cap; the library's own
+errors are printed as they are. The simulation is the public :func:`~seqbal.plan_data_parallel`: the library's own
+agreement protocol with the all-reduces replaced by a max/min over the simulated ranks.
+
+The comparison with verl's loops and with the other routes costs several extra plans (the
+strict loop is one full KK pass per step, and takes tens of seconds at 10^5 samples), so by
+default it runs only up to :data:`COMPARE_AUTO_MAX_SAMPLES` samples; ``--compare on|off``
+overrides the rule.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ._kk_loop import kk_loop_plans
+from . import __version__
+from ._kk_loop import kk_loop_plans, kk_one_pass_plans
+from ._length_input import (
+    DEFAULT_SAMPLE,
+    MAX_INT64,
+    InputError,
+    Lengths,
+    check_groups_fit,
+    check_workload_range,
+    read_lengths,
+)
 from .metrics import micro_batch_summary
-from .plan import MicroBatchPlanError, plan_data_parallel
+from .plan import plan_data_parallel
 
-__all__ = ["main", "read_lengths", "simulate_ranks", "DEFAULT_SAMPLE"]
+__all__ = ["main", "read_lengths", "split_over_ranks", "simulate_ranks", "DEFAULT_SAMPLE", "COMPARE_AUTO_MAX_SAMPLES"]
 
-#: The length sample used when no file is given (see ``seqbal/data/README.md`` for its source).
-DEFAULT_SAMPLE = Path(__file__).resolve().parent / "data" / "qwen25math_cot_rollouts.txt"
 DEFAULT_MAX_TOKEN_LEN = 4096
 EXIT_USAGE = 2
-
-
-class InputError(Exception):
-    """Input that cannot be read; the message names the file (and line when there is one)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading lengths
-# ---------------------------------------------------------------------------------------------
-
-
-def _length_of(value: Any, where: str) -> int:
-    """An int, or the length of a list (token ids), from one record; InputError otherwise."""
-    if isinstance(value, bool):
-        raise InputError(f"{where}: expected an integer length or a list of token ids, got {value!r}")
-    if isinstance(value, int):
-        length = value
-    elif isinstance(value, float) and value.is_integer():
-        length = int(value)
-    elif isinstance(value, (list, tuple)) or (hasattr(value, "__len__") and not isinstance(value, (str, bytes, dict))):
-        length = len(value)
-    else:
-        raise InputError(f"{where}: expected an integer length or a list of token ids, got {value!r}")
-    if length < 0:
-        raise InputError(f"{where}: negative length {length}")
-    return length
-
-
-def _read_text(path: Path) -> np.ndarray:
-    lengths = []
-    with path.open("r", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            try:
-                value = int(text)
-            except ValueError:
-                raise InputError(f"{path}:{number}: expected one integer per line, got {text[:40]!r}") from None
-            if value < 0:
-                raise InputError(f"{path}:{number}: negative length {value}")
-            lengths.append(value)
-    return np.asarray(lengths, dtype=np.int64)
-
-
-def _read_jsonl(path: Path, field: Optional[str]) -> np.ndarray:
-    lengths = []
-    with path.open("r", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise InputError(f"{where}: not valid JSON ({error.msg})") from None
-            if isinstance(record, dict):
-                if field is None:
-                    raise InputError(f"{where}: a JSON object; pass --field NAME to say which key holds the length")
-                if field not in record:
-                    raise InputError(f"{where}: no field {field!r} (keys: {sorted(record)[:10]})")
-                record = record[field]
-            lengths.append(_length_of(record, where))
-    return np.asarray(lengths, dtype=np.int64)
-
-
-def _read_npy(path: Path) -> np.ndarray:
-    try:
-        array = np.load(path, allow_pickle=False)
-    except Exception as error:  # noqa: BLE001 - any failure to parse is an input error
-        raise InputError(f"{path}: cannot read as a .npy array ({error})") from None
-    if not isinstance(array, np.ndarray) or array.ndim != 1:
-        shape = getattr(array, "shape", None)
-        raise InputError(f"{path}: expected a 1-D array of lengths, got shape {shape}")
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        if np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0):
-            array = array.astype(np.int64)
-        else:
-            raise InputError(f"{path}: expected integer lengths, got dtype {array.dtype}")
-    if array.size and (array < 0).any():
-        index = int(np.argmax(array < 0))
-        raise InputError(f"{path}: element {index} is a negative length ({int(array[index])})")
-    return array.astype(np.int64)
-
-
-def _read_parquet(path: Path, column: Optional[str]) -> np.ndarray:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise InputError(
-            f"{path}: reading .parquet needs pyarrow, which is not installed; "
-            f"pip install 'seqbal[parquet]' (or convert the lengths to a text file, one per line)"
-        ) from None
-    try:
-        table = pq.read_table(path)
-    except Exception as error:  # noqa: BLE001
-        raise InputError(f"{path}: cannot read as parquet ({error})") from None
-    if column is None:
-        if table.num_columns != 1:
-            raise InputError(f"{path}: {table.num_columns} columns {table.column_names}; pass --column NAME")
-        column = table.column_names[0]
-    if column not in table.column_names:
-        raise InputError(f"{path}: no column {column!r} (columns: {table.column_names})")
-    values = table.column(column).to_pylist()
-    return np.asarray([_length_of(v, f"{path}: row {i}") for i, v in enumerate(values)], dtype=np.int64)
-
-
-def read_lengths(path: Optional[str] = None, *, field: Optional[str] = None, column: Optional[str] = None) -> np.ndarray:
-    """Read sequence lengths from ``path`` (by extension), or the shipped sample if None.
-
-    Text: one integer per line (blank lines and ``#`` comments skipped). ``.npy``: a 1-D integer
-    array. ``.jsonl``: one record per line, an integer, a list (its length), or an object whose
-    ``field`` holds one of those. ``.parquet``: the column ``column`` (ints or lists), pyarrow needed.
-
-    Raises:
-        InputError: the file is missing, unreadable, malformed or empty; the message names the
-            file and, for line-based formats, the line.
-    """
-    file = DEFAULT_SAMPLE if path is None else Path(path)
-    if not file.exists():
-        raise InputError(f"{file}: no such file")
-    if not file.is_file():
-        raise InputError(f"{file}: not a file")
-    suffix = file.suffix.lower()
-    try:
-        if suffix == ".npy":
-            lengths = _read_npy(file)
-        elif suffix == ".jsonl":
-            lengths = _read_jsonl(file, field)
-        elif suffix == ".parquet":
-            lengths = _read_parquet(file, column)
-        else:
-            lengths = _read_text(file)
-    except UnicodeDecodeError:
-        raise InputError(f"{file}: not a text file (use .npy, .jsonl or .parquet for other formats)") from None
-    except OSError as error:
-        raise InputError(f"{file}: cannot read ({error.strerror or error})") from None
-    if lengths.size == 0:
-        raise InputError(f"{file}: no lengths found")
-    return lengths
+#: ``--compare auto`` compares with verl's loops and the other routes up to this many samples.
+#: Measured (shipped-sample lengths, cap 4096, 2 shared cores): the comparison adds about 1.4 s
+#: at 8,192 samples on one rank (the strict loop needs 15 KK passes) and 0.6 s over 8 ranks;
+#: 2 s at 10,000 on one rank; 35 s at 100,000 over 8 ranks. Above this it is opt-in.
+COMPARE_AUTO_MAX_SAMPLES = 8192
+ROUTES = ("balance_batch", "contiguous", "schedule")
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,16 +68,43 @@ def read_lengths(path: Optional[str] = None, *, field: Optional[str] = None, col
 
 @dataclass
 class RankSplit:
-    """Lengths of each simulated rank, cut from the (optionally shuffled) input."""
+    """Per simulated rank: its lengths, the input positions they came from, and (for the
+    ``schedule`` route, which decides micro-batches too) its micro-batches."""
 
     lengths: list[np.ndarray]
+    indices: list[np.ndarray]
+    plans: Optional[list[list[list[int]]]] = None
 
 
-def split_over_ranks(lengths: np.ndarray, dp: int, group_size: int = 1, seed: Optional[int] = None) -> RankSplit:
-    """Cut ``lengths`` into ``dp`` contiguous chunks of whole forced groups, as a trainer does.
+def _shuffled_groups(n: int, group_size: int, seed: Optional[int]) -> np.ndarray:
+    """Input positions in sampler order: whole groups, shuffled with ``seed`` when given."""
+    order = np.arange(n // group_size)
+    if seed is not None:
+        order = np.random.default_rng(seed).permutation(len(order))
+    return (order[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
 
-    With ``seed``, groups are shuffled first (a seeded sampler). Chunk sizes differ by at most
-    one group (``numpy.array_split`` on groups), so no sample is dropped.
+
+def split_over_ranks(
+    lengths: np.ndarray,
+    dp: int,
+    group_size: int = 1,
+    seed: Optional[int] = None,
+    route: str = "contiguous",
+    *,
+    max_token_len: Optional[int] = None,
+    num_batches_divided_by: Optional[int] = None,
+    min_num_micro_batch: Optional[int] = None,
+) -> RankSplit:
+    """Deal ``lengths`` out to ``dp`` ranks in whole forced groups, the way a trainer would.
+
+    Groups are first put in sampler order (shuffled with ``seed``), then:
+
+    * ``contiguous``: ``dp`` consecutive chunks (sizes differ by at most one group), as a
+      dataloader does without balancing;
+    * ``balance_batch``: :func:`seqbal.balance_batch`, verl's driver-side balance (KK on workloads,
+      equal group counts when ``dp`` divides them);
+    * ``schedule``: :func:`seqbal.build_dp_schedule`, which also decides the micro-batches
+      (``max_token_len`` and the count constraints are needed then).
 
     Raises:
         InputError: ``group_size`` does not divide the number of samples, or fewer groups than ranks.
@@ -202,12 +112,37 @@ def split_over_ranks(lengths: np.ndarray, dp: int, group_size: int = 1, seed: Op
     n = len(lengths)
     if n % group_size:
         raise InputError(f"--group-size {group_size} does not divide the number of samples {n}")
-    groups = lengths.reshape(-1, group_size)
-    if seed is not None:
-        groups = groups[np.random.default_rng(seed).permutation(len(groups))]
-    if len(groups) < dp:
-        raise InputError(f"cannot split {len(groups)} group(s) of {group_size} sample(s) over --dp {dp} ranks")
-    return RankSplit([chunk.reshape(-1) for chunk in np.array_split(groups, dp)])
+    groups = n // group_size
+    if groups < dp:
+        raise InputError(f"cannot split {groups} group(s) of {group_size} sample(s) over --dp {dp} ranks")
+    order = _shuffled_groups(n, group_size, seed)
+    ordered = lengths[order]
+    if route == "contiguous":
+        chunks = np.array_split(np.arange(groups), dp)
+        positions = [(c[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1) for c in chunks]
+        return RankSplit([ordered[p] for p in positions], [order[p] for p in positions])
+    if route == "balance_batch":
+        from .schedule import balance_batch
+
+        group_ids = None if group_size == 1 else (np.arange(n) // group_size).tolist()
+        parts, _ = balance_batch(ordered, dp, equal_size=groups % dp == 0, group_ids=group_ids)
+        positions = [np.asarray(p, dtype=np.int64) for p in parts]
+        return RankSplit([ordered[p] for p in positions], [order[p] for p in positions])
+    if route == "schedule":
+        from .schedule import build_dp_schedule
+
+        if max_token_len is None:
+            raise ValueError("the schedule route needs max_token_len")
+        schedule = build_dp_schedule(
+            ordered, dp, max_token_len, force_group_size=group_size,
+            num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
+        )
+        positions = [np.asarray(r, dtype=np.int64) for r in schedule.rank_indices]
+        return RankSplit(
+            [ordered[p] for p in positions], [order[p] for p in positions],
+            [schedule.local_micro_batches(r) for r in range(dp)],
+        )
+    raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
 
 
 def simulate_ranks(
@@ -282,6 +217,30 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _timed(function: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - start
+
+
+def _micro_batches(count: int) -> str:
+    return f"{count} micro-batch" + ("" if count == 1 else "es")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def _plot_path(path: str) -> str:
+    """The file ``--plot`` writes: ``path`` itself, or ``path.png`` when it has no extension."""
+    suffix = Path(path).suffix.lower()
+    if not suffix:
+        return path + ".png"
+    if suffix not in PLOT_SUFFIXES:
+        raise InputError(f"--plot {path}: the plot is an image; give a file ending in {', '.join(PLOT_SUFFIXES)}")
+    return path
+
+
 def _plot(path: str, report: dict[str, Any], cap: int) -> None:
     try:
         import matplotlib
@@ -293,8 +252,9 @@ def _plot(path: str, report: dict[str, Any], cap: int) -> None:
             "--plot needs matplotlib, which is not installed; pip install 'seqbal[plot]' (or drop --plot)"
         ) from None
     methods = [("seqbal", report["seqbal"]["ranks"])]
-    if report["kk_loop"]["ranks"]:
-        methods.append(("older KK loop", report["kk_loop"]["ranks"]))
+    strict = report.get("verl_0_9")
+    if strict and strict["ranks"]:
+        methods.append(("verl >= 0.9", strict["ranks"]))
     figure, axes = plt.subplots(len(methods), 1, figsize=(10, 3.2 * len(methods)), squeeze=False)
     for axis, (name, rows) in zip(axes[:, 0], methods):
         offset = 0
@@ -319,94 +279,178 @@ def _plot(path: str, report: dict[str, Any], cap: int) -> None:
         plt.close(figure)
 
 
-def build_report(args: argparse.Namespace) -> dict[str, Any]:
-    """Read, split, plan with seqbal and with the older loop; the dict ``--json`` prints."""
-    if args.dp < 1:
-        raise InputError(f"--dp must be >= 1, got {args.dp}")
-    if args.group_size < 1:
-        raise MicroBatchPlanError(f"force_group_size must be an int >= 1, got {args.group_size}", MicroBatchPlanError.BAD_ARGUMENT)
-    lengths = read_lengths(args.file, field=args.field, column=args.column)
-    split = split_over_ranks(lengths, args.dp, args.group_size, args.seed)
-    plans = simulate_ranks(
-        split.lengths,
-        args.max_token_len,
-        force_group_size=args.group_size,
-        num_batches_divided_by=args.divisible_by,
-        min_num_micro_batch=args.min_micro_batches,
+def _seqbal_on(split: RankSplit, args: argparse.Namespace) -> list[list[list[int]]]:
+    if split.plans is not None:
+        return split.plans
+    return simulate_ranks(
+        split.lengths, args.max_token_len, force_group_size=args.group_size,
+        num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
     )
-    old = kk_loop_plans(
-        split.lengths,
-        args.max_token_len,
-        force_group_size=args.group_size,
-        num_batches_divided_by=args.divisible_by,
-        min_num_micro_batch=args.min_micro_batches,
+
+
+def _split(lengths: Lengths, args: argparse.Namespace, route: str) -> RankSplit:
+    return split_over_ranks(
+        lengths.values, args.dp, args.group_size, args.seed, route, max_token_len=args.max_token_len,
+        num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
     )
-    return {
+
+
+def _compare(args: argparse.Namespace, samples: int) -> bool:
+    return args.compare == "on" or (args.compare == "auto" and samples <= COMPARE_AUTO_MAX_SAMPLES)
+
+
+def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None) -> dict[str, Any]:
+    """Read, split, plan with seqbal and (when compared) with verl's loops; the dict ``--json`` prints."""
+    lengths = read_lengths(args.file, field=args.field, column=args.column, stdin=stdin)
+    check_workload_range(lengths)
+    check_groups_fit(lengths, args.max_token_len, args.group_size)
+    start = time.perf_counter()
+    split = _split(lengths, args, args.route)
+    plans = _seqbal_on(split, args)
+    seconds = time.perf_counter() - start
+    compare = _compare(args, len(lengths.values))
+    options = dict(force_group_size=args.group_size, num_batches_divided_by=args.divisible_by,
+                   min_num_micro_batch=args.min_micro_batches)
+    report: dict[str, Any] = {
         "input": {
-            "file": str(args.file) if args.file else f"{DEFAULT_SAMPLE.name} (shipped sample)",
-            "samples": int(len(lengths)),
-            "tokens": int(lengths.sum()),
-            "max_length": int(lengths.max()),
+            "file": lengths.name,
+            "samples": int(len(lengths.values)),
+            "tokens": int(sum(lengths.values.tolist())),
+            "max_length": int(lengths.values.max()),
         },
         "settings": {
             "max_token_len": args.max_token_len,
             "dp": args.dp,
+            "route": args.route,
             "group_size": args.group_size,
             "divisible_by": args.divisible_by,
             "min_micro_batches": args.min_micro_batches,
             "seed": args.seed,
+            "compare": compare,
+            "compare_option": args.compare,
         },
         "seqbal": {
             "micro_batches_per_rank": len(plans[0]),
-            "all_reduces": 2 if args.dp > 1 else 0,
+            "all_reduces": 0 if args.dp == 1 or args.route == "schedule" else 2,
+            "seconds": seconds,
             "ranks": _rank_rows(split.lengths, plans, args.max_token_len),
         },
-        "kk_loop": {
-            "micro_batches_per_rank": len(old.parts[0]) if old.parts else None,
-            "kk_passes": old.passes,
-            "all_reduces": (1 + old.passes) if args.dp > 1 else 0,
-            "failed_at": old.failed_at,
-            "ranks": _rank_rows(split.lengths, old.parts, args.max_token_len) if old.parts else [],
-        },
+        "verl_0_9": None,
+        "verl_0_8": None,
+        "routes": None,
     }
+    if not compare:
+        return report
+    strict, seconds = _timed(lambda: kk_loop_plans(split.lengths, args.max_token_len, **options))
+    report["verl_0_9"] = {
+        "micro_batches_per_rank": len(strict.parts[0]) if strict.parts else None,
+        "kk_passes": strict.passes,
+        "all_reduces": (1 + strict.passes) if args.dp > 1 else 0,
+        "failed_at": strict.failed_at,
+        "seconds": seconds,
+        "ranks": _rank_rows(split.lengths, strict.parts, args.max_token_len) if strict.parts else [],
+    }
+    single, seconds = _timed(lambda: kk_one_pass_plans(split.lengths, args.max_token_len, **options))
+    report["verl_0_8"] = {
+        "micro_batches_per_rank": single.count if single.parts else None,
+        "over_cap": single.over_cap,
+        "largest_micro_batch": single.largest,
+        "failed": single.parts is None,
+        "seconds": seconds,
+    }
+    if args.dp > 1:
+        routes = {}
+        for route in ROUTES:
+            other = (split, plans) if route == args.route else None
+            if other is None:
+                other_split = _split(lengths, args, route)
+                other = (other_split, _seqbal_on(other_split, args))
+            rows = _rank_rows(other[0].lengths, other[1], args.max_token_len)
+            routes[route] = {
+                "micro_batches_per_rank": len(other[1][0]),
+                "fill": sum(r["tokens"] for r in rows) / (sum(r["micro_batches"] for r in rows) * args.max_token_len),
+                "rank_workload_imbalance": _rank_imbalance(other[0].lengths),
+            }
+        report["routes"] = routes
+    return report
+
+
+def _rank_imbalance(rank_lengths: Sequence[np.ndarray]) -> float:
+    from .workload import calculate_workload
+
+    work = [float(calculate_workload(lengths).sum()) for lengths in rank_lengths]
+    mean = sum(work) / len(work)
+    return max(work) / mean if mean > 0 else 1.0
+
+
+_ROUTE_NAMES = {
+    "balance_batch": "balance_batch (verl's driver-side default)",
+    "contiguous": "contiguous chunks",
+    "schedule": "build_dp_schedule (global, on the driver)",
+}
 
 
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable output of ``seqbal plan``."""
     source, settings = report["input"], report["settings"]
-    ours, old = report["seqbal"], report["kk_loop"]
+    ours = report["seqbal"]
+    dp = settings["dp"]
     defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None}
     names = {"group_size": "group size", "divisible_by": "divisible by",
              "min_micro_batches": "min micro-batches", "seed": "seed"}
     extras = [f"{names[key]}={settings[key]}" for key in names if settings[key] != defaults[key]]
+    route = f", ranks split by {_ROUTE_NAMES[settings['route']]}" if dp > 1 else ""
     lines = [
         f"input: {source['file']}: {source['samples']} samples, {source['tokens']} tokens, longest {source['max_length']}",
-        f"settings: max_token_len={settings['max_token_len']}, dp={settings['dp']}"
+        f"settings: max_token_len={settings['max_token_len']}, dp={dp}" + route
         + (", " + ", ".join(extras) if extras else ""),
         "",
-        f"seqbal: {ours['micro_batches_per_rank']} micro-batches per rank"
-        + (f", agreed in {ours['all_reduces']} all-reduces" if settings["dp"] > 1 else ""),
+        f"seqbal: {_micro_batches(ours['micro_batches_per_rank'])} per rank"
+        + (f", agreed in {ours['all_reduces']} all-reduces" if ours["all_reduces"] else "")
+        + f" (planned in {_duration(ours['seconds'])})",
         format_table(ours["ranks"]),
-        "",
     ]
-    if old["ranks"]:
+    strict, single = report["verl_0_9"], report["verl_0_8"]
+    if strict is None:
+        reason = (f"more than {COMPARE_AUTO_MAX_SAMPLES} samples; --compare on forces it"
+                  if settings["compare_option"] == "auto" else "--compare off")
+        lines += ["", f"comparison with verl and the other routes skipped ({reason})"]
+        return "\n".join(lines)
+    total_ours = ours["micro_batches_per_rank"] * dp
+    lines.append("")
+    if strict["ranks"]:
         lines.append(
-            f"older KK loop: {old['micro_batches_per_rank']} micro-batches per rank after {old['kk_passes']} KK pass(es)"
-            + (f", {old['all_reduces']} all-reduces" if settings["dp"] > 1 else "")
+            f"verl >= 0.9 (strict loop): {strict['micro_batches_per_rank']} micro-batches per rank, "
+            f"{strict['kk_passes']} KK pass(es)" + (f", {strict['all_reduces']} all-reduces" if dp > 1 else "")
+            + f" ({_duration(strict['seconds'])}), largest {max(r['largest_micro_batch'] for r in strict['ranks'])}"
         )
-        lines.append(format_table(old["ranks"]))
-        total_ours = sum(r["micro_batches"] for r in ours["ranks"])
-        total_old = sum(r["micro_batches"] for r in old["ranks"])
-        if total_old > total_ours:
-            lines += ["", f"seqbal runs {total_old - total_ours} fewer micro-batches in total "
-                          f"({total_ours} vs {total_old}, {1 - total_ours / total_old:.1%} fewer)."]
-        elif total_old == total_ours:
-            lines += ["", f"same micro-batch count ({total_ours}) as the older loop on this input."]
+    else:
+        lines.append(f"verl >= 0.9 (strict loop): fails, it reaches {strict['failed_at']} micro-batches, more than "
+                     f"some rank has groups, after {strict['kk_passes']} KK pass(es)")
+    if single["failed"]:
+        lines.append("verl <= 0.8 (one KK pass): fails, its count is more than some rank has samples")
     else:
         lines.append(
-            f"older KK loop: failed, it reached {old['failed_at']} micro-batches, more than some rank has "
-            f"groups, after {old['kk_passes']} KK pass(es)"
+            f"verl <= 0.8 (one KK pass): {single['micro_batches_per_rank']} micro-batches per rank, "
+            f"{single['over_cap']} over the cap, largest {single['largest_micro_batch']} ({_duration(single['seconds'])})"
         )
+    if strict["ranks"]:
+        total_old = strict["micro_batches_per_rank"] * dp
+        if total_old > total_ours:
+            lines.append(f"seqbal runs {total_old - total_ours} fewer micro-batches in total than verl >= 0.9 "
+                         f"({total_ours} vs {total_old}, {1 - total_ours / total_old:.1%} fewer), all within the cap.")
+        elif total_old == total_ours:
+            lines.append(f"same micro-batch count as verl >= 0.9 on this input ({total_ours} in total).")
+        else:
+            lines.append(f"verl >= 0.9 runs {total_ours - total_old} fewer micro-batches in total on this input "
+                         f"({total_old} vs {total_ours}).")
+    if report["routes"]:
+        lines += ["", f"routes over {dp} ranks (seqbal micro-batches per rank, fill, rank workload max/mean):"]
+        width = max(len(_ROUTE_NAMES[r]) for r in report["routes"])
+        for name, row in report["routes"].items():
+            mark = "  <- shown above" if name == settings["route"] else ""
+            lines.append(f"  {_ROUTE_NAMES[name]:<{width}}  {row['micro_batches_per_rank']:>5}  {row['fill']:6.1%}  "
+                         f"{row['rank_workload_imbalance']:.3f}{mark}")
     return "\n".join(lines)
 
 
@@ -415,34 +459,69 @@ def format_report(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and still exit code 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _int_in(low: int, high: int = MAX_INT64) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r:.40}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text!r:.40}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="seqbal", description="Strict-cap, balanced micro-batching of variable-length sequences.")
+    parser = _Parser(prog="seqbal", description="Strict-cap, balanced micro-batching of variable-length sequences.")
+    parser.add_argument("--version", action="version", version=f"seqbal {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     plan = commands.add_parser(
         "plan",
         help="show the micro-batches seqbal makes for a length distribution",
         description=(
             "Show the micro-batches seqbal makes for a length distribution, per simulated "
-            "data-parallel rank, next to the older KK loop."
+            "data-parallel rank, next to what verl >= 0.9 and verl <= 0.8 make."
         ),
         epilog=(
             "FILE formats: text (one integer per line), .npy (1-D integer array), .jsonl (an integer, "
-            "a list of token ids, or an object with --field), .parquet (--column, needs pyarrow). "
-            "Exit codes: 0 ok, 2 impossible settings or unreadable input."
+            "a list of token ids, or an object with --field), .parquet (--column, needs pyarrow); "
+            "'-' reads standard input (text, or jsonl with --field). A length is prompt + response: "
+            "--field prompt_len+response_len sums fields. "
+            "Exit codes: 0 ok, 2 impossible settings or unreadable input (one line on stderr)."
         ),
     )
-    plan.add_argument("file", nargs="?", help="lengths file; default: the shipped Qwen2.5-Math rollout sample (800 lengths)")
-    plan.add_argument("--field", help=".jsonl: key holding the length (or token list) in each object")
-    plan.add_argument("--column", help=".parquet: column holding the lengths (or token lists)")
-    plan.add_argument("--max-token-len", type=int, default=DEFAULT_MAX_TOKEN_LEN,
+    positive = _int_in(1)
+    plan.add_argument("file", nargs="?", help="lengths file, or - for standard input; default: the shipped "
+                                              "Qwen2.5-Math rollout sample (800 lengths)")
+    plan.add_argument("--field", metavar="NAME[+NAME]", help=".jsonl: key holding the length (or token list) in each object; "
+                                      "a sum of keys with + (prompt_len+response_len)")
+    plan.add_argument("--column", metavar="NAME[+NAME]", help=".parquet: column holding the lengths (or token lists); sums with +")
+    plan.add_argument("--max-token-len", metavar="N", type=positive, default=DEFAULT_MAX_TOKEN_LEN,
                       help=f"hard cap on effective tokens per micro-batch (default {DEFAULT_MAX_TOKEN_LEN})")
-    plan.add_argument("--dp", type=int, default=1, help="simulated data-parallel ranks (default 1)")
-    plan.add_argument("--group-size", type=int, default=1, help="force_group_size: samples kept together (default 1)")
-    plan.add_argument("--divisible-by", type=int, default=None, help="num_batches_divided_by (default none)")
-    plan.add_argument("--min-micro-batches", type=int, default=None, help="min_num_micro_batch (default none)")
-    plan.add_argument("--seed", type=int, default=None, help="shuffle groups with this seed before splitting over ranks")
+    plan.add_argument("--dp", metavar="N", type=positive, default=1, help="simulated data-parallel ranks (default 1)")
+    plan.add_argument("--route", choices=ROUTES, default="balance_batch",
+                      help="how samples reach the ranks: balance_batch (verl's driver-side balance, the default), "
+                           "contiguous (consecutive chunks), schedule (seqbal's build_dp_schedule, which also "
+                           "decides the micro-batches)")
+    plan.add_argument("--group-size", metavar="G", type=positive, default=1, help="force_group_size: samples kept together (default 1)")
+    plan.add_argument("--divisible-by", metavar="D", type=positive, default=None, help="num_batches_divided_by (default none)")
+    plan.add_argument("--min-micro-batches", metavar="M", type=positive, default=None, help="min_num_micro_batch (default none)")
+    plan.add_argument("--seed", metavar="S", type=_int_in(0), default=None, help="shuffle groups with this seed before splitting over ranks")
+    plan.add_argument("--compare", choices=("auto", "on", "off"), default="auto",
+                      help=f"compare with verl's loops and the other routes: auto (default) does it up to "
+                           f"{COMPARE_AUTO_MAX_SAMPLES} samples, where it takes about a second")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
-    plan.add_argument("--plot", metavar="FILE.png", help="draw micro-batch token fill against the cap (needs matplotlib)")
+    plan.add_argument("--plot", metavar="FILE.png", help="draw micro-batch token fill against the cap (needs matplotlib; "
+                                                         ".png, .pdf or .svg; no extension means .png)")
     return parser
 
 
@@ -451,14 +530,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        parser.error("a command is required: seqbal plan [FILE] [options]")
     try:
+        plot = _plot_path(args.plot) if args.plot else None
         report = build_report(args)
-        if args.plot:
-            _plot(args.plot, report, args.max_token_len)
-    except (MicroBatchPlanError, InputError) as error:
-        print(f"seqbal plan: error: {error}", file=sys.stderr)
+        if plot:
+            _plot(plot, report, args.max_token_len)
+    except (InputError, ValueError, OverflowError) as error:
+        # ValueError covers MicroBatchPlanError and the schedule's own errors: all are input errors.
+        message = " ".join(str(error).split())
+        print(f"seqbal plan: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
@@ -469,13 +550,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"please report it (SEQBAL_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     if args.json:
-        for method in ("seqbal", "kk_loop"):
-            for row in report[method]["ranks"]:
+        for method in ("seqbal", "verl_0_9"):
+            for row in (report[method] or {}).get("ranks", []):
                 row["fill"] = round(row["fill"], 6)
                 row["workload_imbalance"] = round(row["workload_imbalance"], 6)
         text = json.dumps(report, indent=2)
     else:
-        text = format_report(report) + (f"\n\nplot written to {args.plot}" if args.plot else "")
+        text = format_report(report) + (f"\n\nplot written to {plot}" if plot else "")
     try:
         print(text)
         sys.stdout.flush()

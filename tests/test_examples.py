@@ -30,6 +30,7 @@ def test_ppo_actor_forward_two_ranks():
                str(EXAMPLES / "ppo_actor_forward.py")]
     out = run(command, timeout=240).stdout
     assert "check: OK" in out
+    assert re.search(r"^backend: (gloo|nccl) \(2 rank\(s\)", out, flags=re.M)
     assert "same micro-batch count on every rank: True" in out
     headers = re.findall(r"^rank (\d): (\d+) micro-batches \((\d+) if it planned alone\)", out, flags=re.M)
     assert [h[0] for h in headers] == ["0", "1"]
@@ -49,3 +50,19 @@ def test_sft_step():
     assert count >= 2
     before, after = map(float, re.search(r"batch loss ([\d.]+) -> ([\d.]+)", out).groups())
     assert after < before
+
+
+def test_ppo_example_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):
+    """On a one-GPU machine two ranks must not pick NCCL (and call set_device(1))."""
+    import importlib
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    example = importlib.import_module("ppo_actor_forward")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for gpus, ranks, expected in [(1, 2, "gloo"), (2, 2, "nccl"), (8, 2, "nccl"), (4, 8, "gloo")]:
+        monkeypatch.setattr(torch.cuda, "device_count", lambda gpus=gpus: gpus)
+        assert example.choose_backend(ranks) == expected, (gpus, ranks)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert example.choose_backend(1) == "gloo"
