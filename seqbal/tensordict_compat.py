@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
+import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 
@@ -62,18 +63,20 @@ def select_nested_rows(tensor: torch.Tensor, indices: Indices) -> torch.Tensor:
         return torch.nested.as_nested_tensor([pieces[i] for i in index.tolist()], layout=tensor.layout)
     ragged_dim = tensor._ragged_idx
     offsets = tensor.offsets()
-    starts = offsets[:-1].cpu()[index]
-    lengths = offsets.diff().cpu()[index]
-    new_offsets = torch.zeros(len(index) + 1, dtype=offsets.dtype)
-    torch.cumsum(lengths, dim=0, out=new_offsets[1:])
-    total = int(new_offsets[-1])
-    # Position p of the output comes from starts[row] + (p - new_offsets[row]).
-    source = torch.arange(total, dtype=torch.long) + torch.repeat_interleave(
-        starts.long() - new_offsets[:-1].long(), lengths.long(), output_size=total
-    )
+    cpu_offsets = offsets.cpu().numpy()
+    rows_index = index.numpy()
+    starts = cpu_offsets[:-1][rows_index]
+    lengths = (cpu_offsets[1:] - cpu_offsets[:-1])[rows_index]
+    new_offsets = np.zeros(len(rows_index) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    # Position p of the output comes from starts[row] + (p - new_offsets[row]). NumPy's repeat:
+    # torch.repeat_interleave with output_size was ~100x slower here (torch 2.13, CPU).
+    source = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lengths)
     values = tensor.values()
-    selected = values.index_select(ragged_dim - 1, source.to(values.device))
-    return torch.nested.nested_tensor_from_jagged(selected, new_offsets.to(offsets.device), jagged_dim=ragged_dim)
+    selected = values.index_select(ragged_dim - 1, torch.from_numpy(source).to(values.device))
+    return torch.nested.nested_tensor_from_jagged(
+        selected, torch.from_numpy(new_offsets).to(device=offsets.device, dtype=offsets.dtype), jagged_dim=ragged_dim
+    )
 
 
 def select_rows(batch: TensorDict, indices: Indices) -> TensorDict:
