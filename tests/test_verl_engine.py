@@ -256,3 +256,59 @@ def test_dataproto_functions_work_on_any_dataproto_shaped_object():
     assert torch.equal(restored.batch["attention_mask"], mask) and restored.non_tensor_batch["uid"].tolist() == list(range(6))
     with pytest.raises(ValueError, match="data.batch"):
         seqbal_verl.prepare_dynamic_batch(Proto(None, {"uid": np.arange(2)}), max_token_len=4)
+
+
+def test_importing_the_adapter_imports_neither_verl_nor_torch():
+    """verl is imported only when install() runs; the module itself needs only NumPy."""
+    code = (
+        "import sys; import seqbal.integrations.verl\n"
+        "print(sorted(m for m in ('verl', 'torch', 'tensordict') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _engine_rank(rank, world, init_file, out_dir):
+    """One data-parallel rank of verl's engine path with seqbal installed (spawned process).
+    Records, for each scenario, the plan or the error; never asserts (a wrong rank must still
+    join the next collective)."""
+    import json
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=20))
+    records = {}
+    seqbal_verl.install()
+    for name, cap, divided_by in (("synced", 24, 2), ("rank1_sample_over_cap", 24 if rank == 0 else 3, None)):
+        data = engine_batch(cap, seed=rank)
+        lengths = data["input_ids"].offsets().diff().tolist()
+        try:
+            _, indices = engine_utils.prepare_micro_batches(
+                data, dp_group=dist.group.WORLD, num_batches_divided_by=divided_by
+            )
+            records[name] = {"lengths": lengths, "indices": indices, "cap": cap}
+        except ValueError as error:
+            records[name] = {"error": str(error)}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(records, handle)
+    dist.destroy_process_group()
+
+
+@needs_verl
+def test_verl_engine_path_synced_over_two_gloo_ranks(tmp_path):
+    """verl's prepare_micro_batches with a dp_group: equal counts on both ranks, the cap and every
+    guarantee on each; a sample over the cap on rank 1 makes both ranks raise, nobody hangs."""
+    import json
+
+    from .test_distributed import spawn_ranks
+
+    exit_codes = spawn_ranks([(_engine_rank, 2, (2, str(tmp_path / "init"), str(tmp_path)))], deadline_s=300)
+    assert exit_codes == [[0, 0]]
+    records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    synced = [r["synced"] for r in records]
+    assert len(synced[0]["indices"]) == len(synced[1]["indices"])
+    for record in synced:
+        assert_plan_invariants(record["lengths"], record["indices"], record["cap"], num_batches_divided_by=2)
+    errors = [r["rank1_sample_over_cap"].get("error", "") for r in records]
+    assert "exceeds max_token_len" in errors[1] and errors[0], errors
