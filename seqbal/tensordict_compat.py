@@ -31,11 +31,12 @@ __all__ = ["select_rows", "select_nested_rows"]
 Indices = Union[Sequence[int], torch.Tensor]
 
 
-def _as_index(indices: Indices, device: torch.device) -> torch.Tensor:
-    index = torch.as_tensor(indices, dtype=torch.long)
+def _as_index(indices: Indices) -> torch.Tensor:
+    """The row indices as a 1-D int64 CPU tensor (moved to an entry's device where it is used)."""
+    index = torch.as_tensor(indices, dtype=torch.long).cpu()
     if index.dim() != 1:
         raise ValueError(f"row indices must be 1-D, got shape {tuple(index.shape)}")
-    return index.to(device)
+    return index
 
 
 def select_nested_rows(tensor: torch.Tensor, indices: Indices) -> torch.Tensor:
@@ -54,7 +55,7 @@ def select_nested_rows(tensor: torch.Tensor, indices: Indices) -> torch.Tensor:
         [[0, 1], [0, 1, 2]]
     """
     rows = tensor.size(0)
-    index = _as_index(indices, torch.device("cpu"))
+    index = _as_index(indices)
     if index.numel() and (int(index.min()) < -rows or int(index.max()) >= rows):
         raise ValueError(f"row index out of range for a nested tensor of {rows} rows: {index.tolist()[:20]}")
     index = index % max(rows, 1)
@@ -101,7 +102,7 @@ def select_rows(batch: TensorDict, indices: Indices) -> TensorDict:
     if len(batch.batch_size) == 0:
         raise ValueError("cannot select rows of a TensorDict with an empty batch_size")
     device = batch.device
-    index = _as_index(indices, torch.device("cpu"))
+    index = _as_index(indices)
     rows = len(index)
     selected = {}
     for key in batch.keys():
