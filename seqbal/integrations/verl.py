@@ -44,7 +44,7 @@ __all__ = [
 #: The verl module whose micro-batching functions seqbal replaces.
 VERL_MODULE = "verl.utils.seqlen_balancing"
 
-#: Name in VERL_MODULE -> the seqbal function that replaces it. Filled on first use.
+#: The names in VERL_MODULE that seqbal replaces (see _replacements for what replaces each).
 _REPLACED_NAMES = ("rearrange_micro_batches", "restore_dynamic_batch", "get_reverse_idx", "prepare_dynamic_batch")
 
 # verl's original functions, by name, kept while installed so that uninstall() can restore them.
