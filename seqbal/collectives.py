@@ -50,10 +50,28 @@ def is_process_group(value: Any) -> bool:
     return dist.is_available() and isinstance(value, dist.ProcessGroup)
 
 
+#: Backends that take CPU tensors. Anything else (NCCL, HCCL on Ascend, XCCL, ...) is a device
+#: backend and takes tensors on the current accelerator.
+_CPU_BACKENDS = ("gloo", "mpi")
+
+
 def _collective_device(group: Any) -> torch.device:
-    """Where the group's backend wants its tensors: the current CUDA device for NCCL, else CPU."""
+    """Where the group's backend wants its tensors: the CPU for gloo (also when it is one part of
+    a mixed ``"cpu:gloo,cuda:nccl"`` backend), else the current accelerator device.
+
+    The accelerator comes from ``torch.accelerator`` (CUDA, Ascend NPU, XPU, ...), falling back
+    to CUDA on torch builds without it, and to the CPU if there is no accelerator at all.
+    """
     backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend and torch.cuda.is_available():
+    parts = [part.rsplit(":", 1)[-1].strip() for part in backend.split(",")]
+    if any(part in _CPU_BACKENDS for part in parts):
+        return torch.device("cpu")
+    accelerator_api = getattr(torch, "accelerator", None)
+    if accelerator_api is not None and hasattr(accelerator_api, "current_accelerator"):
+        accelerator = accelerator_api.current_accelerator()
+        if accelerator is not None:
+            return torch.device(accelerator.type, accelerator_api.current_device_index())
+    if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .plan import MicroBatchPlanError, _plan
+from .tensordict_compat import select_nested_rows, select_rows
 
 __all__ = [
     "effective_lengths",
@@ -215,7 +216,7 @@ def rearrange_micro_batches(
         use_dynamic_bsz_balance,
         force_group_size,
     )
-    micro_batches = [batch[torch.as_tensor(part, dtype=torch.long)] for part in indices]
+    micro_batches = [select_rows(batch, part) for part in indices]
     return micro_batches, indices
 
 
@@ -256,11 +257,13 @@ def restore_dynamic_batch(
         [10, 20, 30]
     """
     indices = list(chain.from_iterable(batch_idx_list))
-    rows = data.batch_size[0] if isinstance(data, TensorDict) else data.shape[0]
+    is_tensor = isinstance(data, torch.Tensor)
+    rows = data.shape[0] if is_tensor else data.batch_size[0]
     if len(indices) != rows:
         raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(indices)} indices")
-    reverse = torch.as_tensor(get_reverse_idx(indices), dtype=torch.long)
-    if isinstance(data, torch.Tensor) and data.is_nested:
-        pieces = data.unbind()
-        return torch.nested.as_nested_tensor([pieces[i] for i in reverse.tolist()], layout=torch.jagged)
-    return data[reverse]
+    reverse = get_reverse_idx(indices)
+    if not is_tensor:
+        return select_rows(data, reverse)
+    if data.is_nested:
+        return select_nested_rows(data, reverse)
+    return data[torch.as_tensor(reverse, dtype=torch.long, device=data.device)]

@@ -4,6 +4,8 @@
   any one block and run it (a block that needed an earlier one would fail here). A block whose
   info string contains ``no-run`` (```` ```python no-run ````) is only compiled, for fragments
   such as import swaps that need a package we do not install (verl) or a multi-process launch.
+  A block marked ``needs-verl`` runs where verl's engine utilities import (CI installs
+  verl 0.9.1) and is only compiled elsewhere.
 - ```` ```bash ```` blocks: every line that starts with ``seqbal `` runs through the CLI's
   ``main()`` in-process and must exit 0 (input files named in it are created from the shipped
   sample first, see ``_fixture_files``). A ```` ```text ```` block right after a bash block
@@ -52,6 +54,14 @@ def _fixture_files(directory: Path) -> None:
         for length in lengths.tolist():  # prompt + response = the sequence length
             prompt = length // 5
             handle.write(json.dumps({"prompt_length": prompt, "response_length": length - prompt, "uid": 0}) + "\n")
+
+
+def _verl_importable() -> bool:
+    try:
+        import verl.workers.engine.utils  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "no usable verl here"
+        return False
+    return True
 
 
 def test_docs_exist():
@@ -117,7 +127,7 @@ def test_snippets_run(page, tmp_path, monkeypatch):
             assert _without_times(code) == _without_times(previous_output), f"{where}: output differs from the command's"
         elif language == "python":
             compiled = compile(code, where, "exec")
-            if "no-run" not in words:
+            if "no-run" not in words and ("needs-verl" not in words or _verl_importable()):
                 try:
                     exec(compiled, {"__name__": f"docs_{page.stem}"})  # noqa: S102 - a fresh namespace per block
                 except Exception as error:  # noqa: BLE001 - report every failing block of the page at once

@@ -1,0 +1,237 @@
+"""Make a running verl micro-batch with seqbal: one call, :func:`install`, and :func:`uninstall`.
+
+verl's engines (FSDP, Megatron, TorchTitan, VeOmni, AutoModel) micro-batch through
+``verl.workers.engine.utils.prepare_micro_batches``, which calls the ``rearrange_micro_batches``
+and ``restore_dynamic_batch`` it imported from ``verl.utils.seqlen_balancing``; the older
+DataProto route calls that module's ``prepare_dynamic_batch``. A module that ran
+``from verl.utils.seqlen_balancing import rearrange_micro_batches`` holds its own reference, so
+patching the attribute of ``verl.utils.seqlen_balancing`` alone would miss it. :func:`install`
+therefore replaces the function objects by identity in every loaded module that bound them
+(and in ``verl.utils.seqlen_balancing``, so modules imported later bind seqbal's), and
+:func:`uninstall` puts verl's back wherever seqbal's are bound, including in modules imported
+after the install.
+
+What is replaced: the micro-batching functions only (``rearrange_micro_batches``,
+``restore_dynamic_batch``, ``get_reverse_idx``, ``prepare_dynamic_batch``). verl's balancing of
+samples across data-parallel ranks (``get_seqlen_balanced_partitions`` in its trainer) is left
+as it is.
+
+verl is imported only when :func:`install` runs; without verl it raises an ``ImportError`` that
+says so. :func:`prepare_dynamic_batch` and :func:`restore_dynamic_batch` work on any object
+shaped like verl's ``DataProto`` (``batch``, ``non_tensor_batch``, ``meta_info``) and do not
+import verl themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import sys
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+__all__ = [
+    "install",
+    "uninstall",
+    "installed",
+    "is_installed",
+    "prepare_dynamic_batch",
+    "restore_dynamic_batch",
+]
+
+#: The verl module whose micro-batching functions seqbal replaces.
+VERL_MODULE = "verl.utils.seqlen_balancing"
+
+#: The names in VERL_MODULE that seqbal replaces (see _replacements for what replaces each).
+_REPLACED_NAMES = ("rearrange_micro_batches", "restore_dynamic_batch", "get_reverse_idx", "prepare_dynamic_batch")
+
+# verl's original functions, by name, kept while installed so that uninstall() can restore them.
+_originals: dict[str, Any] = {}
+
+
+def _replacements() -> dict[str, Any]:
+    from .. import rearrange
+
+    return {
+        "rearrange_micro_batches": rearrange.rearrange_micro_batches,
+        "restore_dynamic_batch": restore_dynamic_batch,
+        "get_reverse_idx": rearrange.get_reverse_idx,
+        "prepare_dynamic_batch": prepare_dynamic_batch,
+    }
+
+
+def _import_verl_module():
+    try:
+        return importlib.import_module(VERL_MODULE)
+    except ImportError as error:
+        raise ImportError(
+            f"seqbal.integrations.verl needs verl (tested with verl 0.9.1): importing {VERL_MODULE} failed "
+            f"with {type(error).__name__}: {error}"
+        ) from error
+
+
+def _rebind(old_to_new: dict[int, tuple[Any, Any]]) -> list[tuple[str, str]]:
+    """In every loaded module, rebind each attribute whose value is one of the old functions
+    (matched by identity) to its new function. Returns the (module, attribute) pairs changed."""
+    changed = []
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or module_name.startswith("seqbal"):
+            continue
+        for attribute, value in list(namespace.items()):
+            pair = old_to_new.get(id(value))
+            if pair is not None and value is pair[0]:
+                namespace[attribute] = pair[1]
+                changed.append((module_name, attribute))
+    return changed
+
+
+def install() -> list[tuple[str, str]]:
+    """Make the running verl use seqbal wherever it micro-batches. Idempotent.
+
+    Imports ``verl.utils.seqlen_balancing`` and replaces its ``rearrange_micro_batches``,
+    ``restore_dynamic_batch``, ``get_reverse_idx`` and ``prepare_dynamic_batch`` with seqbal's,
+    in that module and in every loaded module that imported them by name (for example
+    ``verl.workers.engine.utils``). Call it once per process before training; for verl's Ray
+    workers, see ``seqbal.integrations.verl_autoinstall``. O(loaded modules x their attributes).
+
+    Returns:
+        the ``(module, attribute)`` pairs that now point to seqbal.
+
+    Raises:
+        ImportError: verl is not installed (or fails to import).
+
+    Examples:
+        >>> from seqbal.integrations import verl as seqbal_verl
+        >>> seqbal_verl.install()  # doctest: +SKIP
+        [('verl.utils.seqlen_balancing', 'rearrange_micro_batches'), ...]
+    """
+    module = _import_verl_module()
+    replacements = _replacements()
+    if not _originals:
+        for name in _REPLACED_NAMES:
+            original = getattr(module, name, None)
+            if original is not None and original is not replacements[name]:
+                _originals[name] = original
+    old_to_new = {id(original): (original, replacements[name]) for name, original in _originals.items()}
+    changed = _rebind(old_to_new)
+    for name in _originals:  # also when verl's module does not hold the original any more
+        if getattr(module, name, None) is not replacements[name]:
+            setattr(module, name, replacements[name])
+            changed.append((VERL_MODULE, name))
+    return changed
+
+
+def uninstall() -> list[tuple[str, str]]:
+    """Undo :func:`install`: verl's own functions are bound again wherever seqbal's are, also in
+    modules imported after the install. Does nothing if seqbal is not installed.
+
+    Returns:
+        the ``(module, attribute)`` pairs that point to verl's functions again.
+    """
+    if not _originals:
+        return []
+    replacements = _replacements()
+    new_to_old = {id(replacements[name]): (replacements[name], original) for name, original in _originals.items()}
+    changed = _rebind(new_to_old)
+    module = sys.modules.get(VERL_MODULE)
+    if module is not None:
+        for name, original in _originals.items():
+            if getattr(module, name, None) is not original:
+                setattr(module, name, original)
+                changed.append((VERL_MODULE, name))
+    _originals.clear()
+    return changed
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall`."""
+    return bool(_originals)
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[list[tuple[str, str]]]:
+    """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
+    it was not installed before the block)."""
+    was_installed = is_installed()
+    changed = install()
+    try:
+        yield changed
+    finally:
+        if not was_installed:
+            uninstall()
+
+
+def prepare_dynamic_batch(
+    data: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: Optional[int] = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: Optional[int] = None,
+    use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
+) -> tuple[list[Any], list[list[int]]]:
+    """verl's ``prepare_dynamic_batch`` on a ``DataProto``, with seqbal's guarantees.
+
+    Splits ``data.batch`` with :func:`seqbal.rearrange_micro_batches` (hard cap, few balanced
+    micro-batches, data-parallel agreement in two all-reduces; see it for every argument and
+    error) and returns, for each micro-batch, a ``DataProto`` of the same class holding its rows
+    of ``data.batch`` and of every ``data.non_tensor_batch`` array, and a deep copy of
+    ``data.meta_info`` (as verl does). O(data copied) plus the plan.
+
+    Returns:
+        ``(micro_batches, indices)``; undo the order with :func:`restore_dynamic_batch`.
+
+    Raises:
+        ValueError: ``data.batch`` is None (no tensors to measure), or any error of
+            :func:`seqbal.rearrange_micro_batches`.
+    """
+    from ..rearrange import rearrange_micro_batches
+
+    if getattr(data, "batch", None) is None:
+        raise ValueError("prepare_dynamic_batch needs data.batch (a TensorDict with input_ids/attention_mask), got None")
+    batches, indices = rearrange_micro_batches(
+        data.batch,
+        max_token_len=max_token_len,
+        dp_group=dp_group,
+        num_batches_divided_by=num_batches_divided_by,
+        same_micro_num_in_dp=same_micro_num_in_dp,
+        min_num_micro_batch=min_num_micro_batch,
+        use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        force_group_size=force_group_size,
+    )
+    data_class = type(data)
+    micro_batches = []
+    for batch, part in zip(batches, indices):
+        rows = np.asarray(part, dtype=np.int64)
+        non_tensors = {key: value[rows] for key, value in (data.non_tensor_batch or {}).items()}
+        micro_batches.append(
+            data_class(batch=batch, non_tensor_batch=non_tensors, meta_info=copy.deepcopy(data.meta_info))
+        )
+    return micro_batches, indices
+
+
+def restore_dynamic_batch(data: Any, batch_idx_list: list[list[int]]) -> Any:
+    """Put per-sample outputs back in the original order: seqbal's
+    :func:`seqbal.restore_dynamic_batch` for tensors (dense, nested) and TensorDicts, and for a
+    ``DataProto`` its ``batch`` and every ``non_tensor_batch`` array (``meta_info`` kept).
+    O(n) rows copied.
+
+    Raises:
+        ValueError: the number of rows differs from the number of indices.
+    """
+    from .. import rearrange
+
+    if not hasattr(data, "non_tensor_batch"):
+        return rearrange.restore_dynamic_batch(data, batch_idx_list)
+    order = [i for part in batch_idx_list for i in part]
+    rows = len(data)
+    if len(order) != rows:
+        raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(order)} indices")
+    reverse = np.asarray(rearrange.get_reverse_idx(order), dtype=np.int64)
+    batch = None if data.batch is None else rearrange.restore_dynamic_batch(data.batch, batch_idx_list)
+    non_tensors = {key: value[reverse] for key, value in (data.non_tensor_batch or {}).items()}
+    return type(data)(batch=batch, non_tensor_batch=non_tensors, meta_info=data.meta_info)
