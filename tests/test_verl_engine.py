@@ -280,7 +280,9 @@ def _engine_rank(rank, world, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=20))
     records = {}
     seqbal_verl.install()
-    for name, cap, divided_by in (("synced", 24, 2), ("rank1_sample_over_cap", 24 if rank == 0 else 3, None)):
+    # Same arguments on both ranks (ranks that disagree on the cap get a mismatch error instead):
+    # at a cap of 13, rank 0's batch (seed 0) holds a 14-token sample and rank 1's fits.
+    for name, cap, divided_by in (("synced", 24, 2), ("rank0_sample_over_cap", 13, None)):
         data = engine_batch(cap, seed=rank)
         lengths = data["input_ids"].offsets().diff().tolist()
         try:
@@ -298,7 +300,7 @@ def _engine_rank(rank, world, init_file, out_dir):
 @needs_verl
 def test_verl_engine_path_synced_over_two_gloo_ranks(tmp_path):
     """verl's prepare_micro_batches with a dp_group: equal counts on both ranks, the cap and every
-    guarantee on each; a sample over the cap on rank 1 makes both ranks raise, nobody hangs."""
+    guarantee on each; a sample over the cap on rank 0 makes both ranks raise, nobody hangs."""
     import json
 
     from .test_distributed import spawn_ranks
@@ -310,5 +312,6 @@ def test_verl_engine_path_synced_over_two_gloo_ranks(tmp_path):
     assert len(synced[0]["indices"]) == len(synced[1]["indices"])
     for record in synced:
         assert_plan_invariants(record["lengths"], record["indices"], record["cap"], num_batches_divided_by=2)
-    errors = [r["rank1_sample_over_cap"].get("error", "") for r in records]
-    assert "exceeds max_token_len" in errors[1] and errors[0], errors
+    errors = [r["rank0_sample_over_cap"].get("error", "") for r in records]
+    assert "exceeds max_token_len" in errors[0], errors
+    assert "rank 0 of the data-parallel group failed" in errors[1], errors
