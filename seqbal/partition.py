@@ -219,6 +219,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     [[0, 1, 3], [2, 4]]
     """
     values = _as_int_array(seqlen_list, "seqlen_list")
+    _check_count(k_partitions, "k_partitions")
+    if values.size and values.min() < 0:
+        index = int(np.argmin(values))
+        raise ValueError(f"seqlen_list must be non-negative, got {int(values[index])} at index {index}")
     n, k = len(values), int(k_partitions)
     if k < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
@@ -329,6 +333,7 @@ def get_seqlen_balanced_partitions(
     >>> get_seqlen_balanced_partitions([1, 2, 3, 4], 2, equal_size=True)
     [[0, 3], [1, 2]]
     """
+    _check_count(k_partitions, "k_partitions")
     n = len(seqlen_list)
     if k_partitions < 1 or n < k_partitions:
         raise ValueError(f"number of items [{n}] < k_partitions [{k_partitions}] (or k_partitions < 1)")
@@ -360,10 +365,9 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
     (8, 2)
     """
     sizes = np.sort(_as_int_array(lengths))
+    _check_capacity_value(capacity)
     if sizes.size == 0 or sizes[-1] == 0:
         return 0
-    if capacity <= 0:
-        raise ValueError(f"capacity must be positive, got {capacity}")
     prefix = np.concatenate(([0], np.cumsum(sizes)))
     n = len(sizes)
     half = capacity / 2
@@ -391,8 +395,7 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
 
 
 def _check_capacity(sizes: np.ndarray, capacity: int) -> None:
-    if capacity <= 0:
-        raise ValueError(f"capacity must be positive, got {capacity}")
+    _check_capacity_value(capacity)
     if sizes.size and (sizes < 0).any():
         index = int(np.argmax(sizes < 0))
         raise ValueError(f"length of item {index} is negative ({int(sizes[index])})")
@@ -469,6 +472,20 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
     return [sorted(b) for b in bins]
 
 
+def _check_is_partition(bins: Sequence[Sequence[Any]], n: int) -> None:
+    """ValueError unless ``bins`` hold every index ``0..n-1`` exactly once. O(n)."""
+    seen = np.zeros(n, dtype=bool)
+    for position, items in enumerate(bins):
+        for item in items:
+            if not isinstance(item, (int, np.integer)) or isinstance(item, bool) or not 0 <= item < n:
+                raise ValueError(f"bin {position} holds {item!r}, not an index into {n} items")
+            if seen[item]:
+                raise ValueError(f"item {item} appears twice in bins (again in bin {position})")
+            seen[item] = True
+    if not seen.all():
+        raise ValueError(f"bins hold {int(seen.sum())} of the {n} items; item {int(np.argmin(seen))} is missing")
+
+
 def _split_in_two(items: list[int], weights: np.ndarray) -> tuple[list[int], list[int]]:
     """Split ``items`` (>= 2) into two non-empty halves of balanced weight (greedy LPT)."""
     ordered = sorted(items, key=lambda i: (-int(weights[i]), i))
@@ -501,15 +518,20 @@ def split_bins_to_count(
     Complexity: O(n log n + (target - len(bins)) log target).
 
     Raises:
-        ValueError: ``target`` smaller than the number of bins, or larger than the number of
-            items (a bin cannot be empty).
+        ValueError: ``bins`` not a partition of the item indices (an index out of range,
+            repeated or missing), ``target`` not an int, smaller than the number of bins, or
+            larger than the number of items (a bin cannot be empty).
 
     >>> split_bins_to_count([[0, 1, 2]], [3, 2, 1], 2)
     [[0], [1, 2]]
     """
     sizes = _as_int_array(lengths)
     weight_array = sizes if weights is None else _as_int_array(weights, "weights")
+    if len(weight_array) != len(sizes):
+        raise ValueError(f"lengths has {len(sizes)} entries but weights has {len(weight_array)}")
+    _check_count(target, "target")
     result = [sorted(b) for b in bins]
+    _check_is_partition(result, len(sizes))
     n_items = sum(len(b) for b in result)
     if target < len(result):
         raise ValueError(f"cannot split {len(result)} bins down to {target}; splitting only adds bins")
@@ -772,8 +794,10 @@ def _within(parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -
 
 
 def _check_capacity_value(capacity: Any) -> None:
-    if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool) or capacity <= 0:
+    if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool):
         raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    if capacity <= 0:
+        raise ValueError(f"capacity must be positive, got {capacity}")
 
 
 def _greedy_balance(values: np.ndarray, k: int) -> list[list[int]]:

@@ -37,8 +37,10 @@ import numpy as np
 
 from .metrics import log_seqlen_unbalance
 from .partition import (
+    INT64_SAFE_TOTAL,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
+    check_int64_sums,
     karmarkar_karp,
     packing_lower_bound,
     roundup_divisible,
@@ -85,9 +87,22 @@ def _workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.nda
     if not np.issubdtype(values.dtype, np.integer):
         # Integer workloads keep KK exact and deterministic; round float models once here.
         values = np.rint(values.astype(np.float64))
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(
+                f"workload_fn returned {values[bad[0]]} for sample {int(bad[0])} (length {int(lengths[bad[0]])}); "
+                f"workloads must be finite"
+            )
+        if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
+            index = int(np.argmax(np.abs(values)))
+            raise ValueError(f"workload_fn returned {values[index]:.4g} for sample {index}, beyond int64 sums")
+    elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
+        index = int(np.argmax(values))
+        raise ValueError(f"workload_fn returned {int(values[index])} for sample {index}, beyond int64 sums")
     values = values.astype(np.int64)
     if (values < 0).any():
-        raise ValueError("workload_fn returned a negative workload")
+        index = int(np.argmax(values < 0))
+        raise ValueError(f"workload_fn returned a negative workload ({int(values[index])}) for sample {index}")
     return values
 
 
@@ -100,6 +115,11 @@ def _groups(
     if group_ids is not None:
         if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
             group_ids = group_ids.tolist()
+        if not hasattr(group_ids, "__len__") or not hasattr(group_ids, "__getitem__"):
+            raise ValueError(
+                f"group_ids must be a sequence (list, tuple, array or tensor) of n hashable ids, got "
+                f"{type(group_ids).__name__}"
+            )
         if force_group_size != 1:
             raise ValueError(
                 f"give either force_group_size (got {force_group_size}) or group_ids, not both: "
@@ -109,7 +129,12 @@ def _groups(
             raise ValueError(f"lengths has {n} entries but group_ids has {len(group_ids)}")
         members: dict[Hashable, list[int]] = {}
         for index, uid in enumerate(group_ids):
-            members.setdefault(uid, []).append(index)
+            try:
+                members.setdefault(uid, []).append(index)
+            except TypeError:
+                raise ValueError(
+                    f"group_ids[{index}] is {uid!r} of type {type(uid).__name__}, which is not hashable"
+                ) from None
         return list(members.values())
     if n % force_group_size:
         raise ValueError(f"force_group_size={force_group_size} does not divide the batch size {n}")
@@ -491,7 +516,9 @@ def build_dp_schedule(
     _check_positive("num_batches_divided_by", num_batches_divided_by, optional=True)
     _check_positive("min_num_micro_batch", min_num_micro_batch, optional=True)
     groups = _groups(len(array), force_group_size, group_ids)
+    check_int64_sums(array, "default" if workload_fn is None else None)  # before the model could wrap
     work = _workloads(array, workload_fn)
+    check_int64_sums(array, work)
 
     over = np.flatnonzero(array > max_token_len)
     if over.size:
