@@ -555,13 +555,73 @@ def split_bins_to_count(
 # ---------------------------------------------------------------------------------------------
 
 
+class _SortedPairs:
+    """A sorted multiset of ``(key, part)`` pairs in blocks of a few hundred: add, remove and
+    the searches below cost O(log k + block) instead of the O(k) shift of one flat list, which
+    at 10^5 parts dominated the repair."""
+
+    _BLOCK = 256
+
+    def __init__(self, pairs) -> None:
+        ordered = sorted(pairs)
+        self.blocks = [ordered[i:i + self._BLOCK] for i in range(0, len(ordered), self._BLOCK)]
+        self.maxes = [block[-1] for block in self.blocks]
+
+    def add(self, pair: tuple[int, int]) -> None:
+        if not self.blocks:
+            self.blocks, self.maxes = [[pair]], [pair]
+            return
+        i = min(bisect.bisect_left(self.maxes, pair), len(self.blocks) - 1)
+        block = self.blocks[i]
+        bisect.insort(block, pair)
+        self.maxes[i] = block[-1]
+        if len(block) > 2 * self._BLOCK:
+            self.blocks[i:i + 1] = [block[:self._BLOCK], block[self._BLOCK:]]
+            self.maxes[i:i + 1] = [block[self._BLOCK - 1], block[-1]]
+
+    def remove(self, pair: tuple[int, int]) -> None:
+        i = bisect.bisect_left(self.maxes, pair)
+        block = self.blocks[i]
+        del block[bisect.bisect_left(block, pair)]
+        if block:
+            self.maxes[i] = block[-1]
+        else:
+            del self.blocks[i], self.maxes[i]
+
+    def last(self) -> tuple[int, int]:
+        return self.maxes[-1]
+
+    def first_at_least(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return None
+        block = self.blocks[i]
+        return block[bisect.bisect_left(block, pair)]
+
+    def largest(self, count: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for block in reversed(self.blocks):
+            out.extend(block[::-1][:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+    def smallest(self, count: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for block in self.blocks:
+            out.extend(block[:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+
 class _Bins:
     """Mutable parts with their token and workload sums, for the local searches below.
 
-    Besides the sums it keeps the parts sorted by free room and by workload (lists of
-    ``(key, part)`` pairs), so "the fullest part with room for this item", "the parts with most
-    room" and "the heaviest and the lightest parts" are binary searches or list ends instead of
-    O(k) NumPy scans per step; a move updates four sorted positions (C-level list shifts).
+    Besides the sums it keeps the parts sorted by free room and by workload
+    (:class:`_SortedPairs`), so "the fullest part with room for this item", "the parts with
+    most room" and "the heaviest and the lightest parts" are binary searches instead of O(k)
+    NumPy scans per step.
     """
 
     def __init__(
@@ -573,21 +633,18 @@ class _Bins:
         self.members: list[list[int]] = [list(p) for p in parts]
         self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
         self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
-        self.by_room = sorted(zip([capacity - t for t in self.tokens], range(len(self.tokens))))
-        self.by_work = sorted(zip(self.work, range(len(self.work)))) if by_work else []  # the repair needs none
-
-    @staticmethod
-    def _update(pairs: list[tuple[int, int]], old: tuple[int, int], new: tuple[int, int]) -> None:
-        del pairs[bisect.bisect_left(pairs, old)]
-        bisect.insort(pairs, new)
+        self.by_room = _SortedPairs(zip([capacity - t for t in self.tokens], range(len(self.tokens))))
+        self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
 
     def _add(self, part: int, tokens: int, work: int) -> None:
-        old_room, old_work = self.capacity - self.tokens[part], self.work[part]
+        self.by_room.remove((self.capacity - self.tokens[part], part))
         self.tokens[part] += tokens
+        self.by_room.add((self.capacity - self.tokens[part], part))
+        if self.by_work is not None:
+            self.by_work.remove((self.work[part], part))
         self.work[part] += work
-        self._update(self.by_room, (old_room, part), (self.capacity - self.tokens[part], part))
-        if self.by_work:
-            self._update(self.by_work, (old_work, part), (self.work[part], part))
+        if self.by_work is not None:
+            self.by_work.add((self.work[part], part))
 
     def room(self, part: int) -> int:
         return self.capacity - self.tokens[part]
@@ -633,7 +690,7 @@ def repair_over_capacity(
     _check_capacity_value(capacity)
     state = _Bins(parts, size, size, capacity, by_work=False)
     steps = max_steps if max_steps is not None else 4 * len(size) + 16
-    over = [(room, part) for room, part in state.by_room if room < 0]  # most excess first
+    over = [(capacity - load, part) for part, load in enumerate(state.tokens) if load > capacity]  # most excess first
     heapq.heapify(over)
     while over:
         room, worst = heapq.heappop(over)
@@ -658,18 +715,19 @@ def _repair_step(state: _Bins, worst: int, excess: int) -> bool:
     # Moves: the smallest item that clears the excess and fits somewhere, else the largest
     # positive item that fits somewhere (keeping at least one item in the part). The worst
     # part has negative room, so it is never the part with most room nor a best-fit target.
-    max_room = rooms[-1][0] if rooms[-1][1] != worst else -1
+    top_room, top_part = rooms.last()
+    max_room = top_room if top_part != worst else -1
     movable_end = bisect.bisect_right(member_sizes, max_room)
     if len(members) > 1 and movable_end:
         clear = bisect.bisect_left(member_sizes, excess)
         pick = clear if clear < movable_end else movable_end - 1
         if member_sizes[pick] > 0:
-            target = rooms[bisect.bisect_left(rooms, (member_sizes[pick], -1))][1]
+            target = rooms.first_at_least((member_sizes[pick], -1))[1]
             state.move(members[pick], worst, target)
             return True
     # Swaps with the parts that have the most room: trade an item for a smaller one.
     best: Optional[tuple[int, int, int, int]] = None  # (gain, item, other item, other part)
-    for room, other in rooms[:-17:-1]:
+    for room, other in rooms.largest(16):
         if room <= 0:
             break
         if other == worst:
@@ -721,9 +779,9 @@ def rebalance_within_capacity(
     state = _Bins(parts, size, work, capacity, by_work=True)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
     for _ in range(steps):
-        heavy_work, heavy = state.by_work[-1]
+        heavy_work, heavy = state.by_work.last()
         improved = False
-        for light_work, light in state.by_work[:8]:
+        for light_work, light in state.by_work.smallest(8):
             if light == heavy or light_work >= heavy_work:
                 break
             if _rebalance_pair(state, heavy, light, capacity):
@@ -800,17 +858,26 @@ def _check_capacity_value(capacity: Any) -> None:
         raise ValueError(f"capacity must be positive, got {capacity}")
 
 
-def _greedy_balance(values: np.ndarray, k: int) -> list[list[int]]:
-    """Largest value first into the part with the smallest sum (LPT). O(n log k), deterministic."""
-    order = np.lexsort((np.arange(len(values)), -values)).tolist()
+def _greedy_balance(values: np.ndarray, k: int, order: Optional[list[int]] = None) -> list[list[int]]:
+    """Largest value first into the part with the smallest sum (LPT); ``order`` is the items
+    by descending value (index breaks ties), computed here if not given. The k largest items
+    open the k parts. O(n log k), deterministic; indices within a part are not sorted."""
+    if order is None:
+        order = _descending(values)
     value_list = values.tolist()
-    heap = [(0, part) for part in range(k)]
-    parts: list[list[int]] = [[] for _ in range(k)]
-    for item in order:
+    parts: list[list[int]] = [[item] for item in order[:k]]
+    heap = [(value_list[item], part) for part, item in enumerate(order[:k])]
+    heapq.heapify(heap)
+    for item in order[k:]:
         total, part = heap[0]
         parts[part].append(item)
         heapq.heapreplace(heap, (total + value_list[item], part))
-    return [sorted(p) for p in parts]
+    return parts
+
+
+def _descending(values: np.ndarray) -> list[int]:
+    """Item indices by descending value, ascending index among equal values. O(n log n)."""
+    return np.lexsort((np.arange(len(values)), -values)).tolist()
 
 
 def _capped_greedy(tokens: np.ndarray, work: np.ndarray, capacity: int, k: int) -> Optional[list[list[int]]]:
@@ -853,26 +920,41 @@ REPAIR_STEPS_PER_OVER = 3
 LINEAR_TRIES = 3
 
 
-def _fit_in(tokens: np.ndarray, work: np.ndarray, capacity: int, k: int) -> Optional[list[list[int]]]:
+def _fit_in(
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    k: int,
+    thorough: bool = False,
+    orders: Optional[tuple[list[int], list[int]]] = None,
+) -> Optional[list[list[int]]]:
     """Some partition into ``k`` non-empty parts within ``capacity``, or ``None``: the feasibility
-    try of the count search, with the same methods at every count.
+    try of the count search, with the same methods at every count of one search.
 
     LPT on workloads, then LPT on tokens (largest first into the part with the smallest sum),
     each repaired by :func:`repair_over_capacity` with :data:`REPAIR_STEPS_PER_OVER` steps per
     part over the cap; the first that meets the cap wins. The two start points fail on
     different inputs (tokens evened out leave no room to repair into; workloads evened out
-    spread the tokens). O(n log k) plus the repair steps.
+    spread the tokens). ``thorough`` (small searches, where every pass is cheap) adds KK on
+    workloads and on tokens as start points and lifts the repair's step limit.
+    O(n log k) plus the repair steps; O(n k) more when ``thorough``.
     """
     if k > len(tokens):
         return None
-    for values in (work, tokens):
-        parts = _greedy_balance(values, k)
+    if orders is None:
+        orders = (_descending(work), _descending(tokens))
+    starts = [lambda: _greedy_balance(work, k, orders[0]), lambda: _greedy_balance(tokens, k, orders[1])]
+    if thorough:
+        starts += [lambda: karmarkar_karp(work, k, equal_size=False), lambda: karmarkar_karp(tokens, k, equal_size=False)]
+    for start in starts:
+        parts = start()
         if not all(parts):
             continue
         over = int((_part_sums(tokens, parts) > capacity).sum())
-        repaired = parts if not over else repair_over_capacity(
-            parts, tokens, capacity, max_steps=REPAIR_STEPS_PER_OVER * over + 16
-        )
+        if not over:
+            return parts
+        steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
+        repaired = repair_over_capacity(parts, tokens, capacity, max_steps=steps)
         if repaired is not None:
             return repaired
     return None
@@ -1010,6 +1092,8 @@ def _search_count(
     with that partition (at most that many parts). See :func:`smallest_feasible_partitions`."""
     if low >= packed:
         return low, packing
+    thorough = packed <= SMALL_COUNT  # decided once: every count of this search gets the same try
+    orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known = low - step, packed, packing  # the largest count known to fail; the smallest known to work
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
     # bound, and a try can fail just above a count where it works); then one step below the
@@ -1020,14 +1104,14 @@ def _search_count(
     for count in probes + [packed - step]:
         if not failed < count < found:
             continue
-        parts = _fit_in(size, work, capacity, count)
+        parts = _fit_in(size, work, capacity, count, thorough, orders)
         if parts is not None:
             found, known = count, parts
             break
         failed = count
     while found - failed > step:  # bisect (failed, found)
         middle = failed + (found - failed) // (2 * step) * step
-        parts = _fit_in(size, work, capacity, middle)
+        parts = _fit_in(size, work, capacity, middle, thorough, orders)
         if parts is not None:
             found, known = middle, parts
         else:
