@@ -751,6 +751,10 @@ def _repair_step(state: _Bins, worst: int, excess: int) -> bool:
     return True
 
 
+#: How many of the lightest parts the heaviest part is paired with, in turn, per rebalance step.
+REBALANCE_PARTNERS = 32
+
+
 def rebalance_within_capacity(
     parts: Sequence[Sequence[int]],
     tokens: IntSequence,
@@ -764,7 +768,8 @@ def rebalance_within_capacity(
     Each step pairs the heaviest part with the lightest parts in turn and applies the single
     move (or, failing that, swap) that brings the pair's workloads closest to equal while
     strictly lowering the pair's maximum and keeping both parts within ``capacity``. It stops
-    when the heaviest part cannot be improved with any of the eight lightest parts, or after
+    when the heaviest part cannot be improved with any of the :data:`REBALANCE_PARTNERS` (32)
+    lightest parts, or after
     ``max_steps`` steps (default ``2 k + 64``). Parts never become empty; a part over the cap
     on input is not made worse.
 
@@ -781,7 +786,7 @@ def rebalance_within_capacity(
     for _ in range(steps):
         heavy_work, heavy = state.by_work.last()
         improved = False
-        for light_work, light in state.by_work.smallest(8):
+        for light_work, light in state.by_work.smallest(REBALANCE_PARTNERS):
             if light == heavy or light_work >= heavy_work:
                 break
             if _rebalance_pair(state, heavy, light, capacity):
