@@ -921,7 +921,11 @@ def _capped_greedy(tokens: np.ndarray, work: np.ndarray, capacity: int, k: int) 
 #: Repair steps a feasibility try may take per part over the cap: a count that is feasible is
 #: usually repaired in one or two steps per such part, and a failing try must stay cheap.
 REPAIR_STEPS_PER_OVER = 3
-#: Counts tried one by one from the bound before the count search gallops.
+#: Searches over at most this many items (and at most SMALL_COUNT parts) try KK starts too,
+#: with an unlimited repair: every pass is cheap there, and small inputs are where a missed
+#: count costs most (one micro-batch of a few).
+THOROUGH_ITEMS = 256
+#: Counts tried one by one from the bound before the count search jumps below the packing.
 LINEAR_TRIES = 3
 
 
@@ -1097,7 +1101,8 @@ def _search_count(
     with that partition (at most that many parts). See :func:`smallest_feasible_partitions`."""
     if low >= packed:
         return low, packing
-    thorough = packed <= SMALL_COUNT  # decided once: every count of this search gets the same try
+    # Decided once, so every count of this search gets the same try: small inputs get every start.
+    thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
     orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known = low - step, packed, packing  # the largest count known to fail; the smallest known to work
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
