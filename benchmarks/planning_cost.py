@@ -4,6 +4,7 @@
     python -m benchmarks.planning_cost --sizes 64 256 1024      # other sizes
     python -m benchmarks.planning_cost --out before.json        # keep the rows (count, imbalance, ratio)
     python -m benchmarks.planning_cost --compare before.json    # check counts and imbalance against a record
+    python -m benchmarks.planning_cost --table before.json after.json   # Markdown before/after table
 
 For every case the plan and one :func:`seqbal.best_fit_decreasing_partitions` pass on the
 same lengths run side by side in one process and are timed in CPU time
@@ -53,6 +54,20 @@ def measure(family: str, n: int, cap: int, repeats: int) -> dict:
     }
 
 
+def table(before: list, after: list) -> str:
+    """Markdown: one row per case of ``after`` that ``before`` also has."""
+    old = {(r["family"], r["n"], r["cap"]): r for r in before}
+    lines = ["| family | n | cap | count before / after | imbalance before / after | plan / BFD before | plan / BFD after |",
+             "|---|---|---|---|---|---|---|"]
+    for r in after:
+        b = old.get((r["family"], r["n"], r["cap"]))
+        if b is None:
+            continue
+        lines.append(f"| {r['family']} | {r['n']} | {r['cap']} | {b['count']} / {r['count']} | "
+                     f"{b['imbalance']:.4f} / {r['imbalance']:.4f} | {b['ratio']:.1f}x | {r['ratio']:.1f}x |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="*", default=None)
@@ -61,7 +76,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--compare", type=Path, default=None, help="a JSON record from --out to compare with")
+    parser.add_argument("--table", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(*(json.loads(path.read_text()) for path in args.table)))
+        return 0
     names = args.families or list(workloads.families())
     before = {}
     if args.compare:
