@@ -751,8 +751,11 @@ def _repair_step(state: _Bins, worst: int, excess: int) -> bool:
     return True
 
 
-#: How many of the lightest parts the heaviest part is paired with, in turn, per rebalance step.
+#: How many of the lightest parts the heaviest part is paired with, in turn, per rebalance step:
+#: REBALANCE_PAIR_ITEMS / (items per part), between 8 and REBALANCE_PARTNERS. A pairing scans
+#: the heavy part's items, so parts of a few items afford many partners, large parts few.
 REBALANCE_PARTNERS = 32
+REBALANCE_PAIR_ITEMS = 256
 
 
 def rebalance_within_capacity(
@@ -768,8 +771,8 @@ def rebalance_within_capacity(
     Each step pairs the heaviest part with the lightest parts in turn and applies the single
     move (or, failing that, swap) that brings the pair's workloads closest to equal while
     strictly lowering the pair's maximum and keeping both parts within ``capacity``. It stops
-    when the heaviest part cannot be improved with any of the :data:`REBALANCE_PARTNERS` (32)
-    lightest parts, or after
+    when the heaviest part cannot be improved with any of the 8 to 32 lightest parts (more when
+    parts hold few items, see :data:`REBALANCE_PAIR_ITEMS`), or after
     ``max_steps`` steps (default ``2 k + 64``). Parts never become empty; a part over the cap
     on input is not made worse.
 
@@ -783,10 +786,12 @@ def rebalance_within_capacity(
     _check_capacity_value(capacity)
     state = _Bins(parts, size, work, capacity, by_work=True)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
+    per_part = max(len(size) // max(len(state.members), 1), 1)
+    partners = min(max(REBALANCE_PAIR_ITEMS // per_part, 8), REBALANCE_PARTNERS)
     for _ in range(steps):
         heavy_work, heavy = state.by_work.last()
         improved = False
-        for light_work, light in state.by_work.smallest(REBALANCE_PARTNERS):
+        for light_work, light in state.by_work.smallest(partners):
             if light == heavy or light_work >= heavy_work:
                 break
             if _rebalance_pair(state, heavy, light, capacity):
