@@ -998,7 +998,8 @@ def capped_balanced_partitions(
       2. the cap-aware greedy: heaviest workload first into the lightest part with token room;
       3. ``feasible``, a known cap-respecting partition with at most ``k`` parts, split up to
          ``k`` parts by :func:`split_bins_to_count` (never breaks the cap);
-      4. without ``feasible``: LPT on tokens, repaired.
+      4. without ``feasible``: the count search's try in its thorough form (LPT and KK starts,
+         on workloads and tokens, repaired without a step limit).
     Results of steps 1 (repaired) to 4 are rebalanced on workload with
     :func:`rebalance_within_capacity`. Step 3 makes the function succeed for every ``k`` between
     ``len(feasible)`` and the number of items: this is the monotonicity the count search and
@@ -1031,8 +1032,8 @@ def capped_balanced_partitions(
         candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
         candidate = split_bins_to_count(feasible, size, k, weights=work)
-    if candidate is None and feasible is None:
-        candidate = _fit_in(size, work, capacity, k)
+    if candidate is None and feasible is None:  # no fallback: try hard (callers probing a count)
+        candidate = _fit_in(size, work, capacity, k, thorough=True)
     if candidate is None:
         return None
     return rebalance_within_capacity(candidate, size, work, capacity)
