@@ -598,13 +598,21 @@ class _SortedPairs:
         block = self.blocks[i]
         return block[bisect.bisect_left(block, pair)]
 
-    def largest(self, count: int) -> list[tuple[int, int]]:
+    def largest(self, count: int, *, ties_limit: int = 256) -> list[tuple[int, int]]:
+        """The ``count`` largest keys, descending, lowest part first among equal keys (the
+        order of a stable sort by descending key); ties at the cut are resolved among at most
+        ``ties_limit`` entries."""
         out: list[tuple[int, int]] = []
         for block in reversed(self.blocks):
-            out.extend(block[::-1][:count - len(out)])
-            if len(out) >= count:
-                break
-        return out
+            for pair in reversed(block):
+                if len(out) >= count and (pair[0] != out[-1][0] or len(out) >= ties_limit):
+                    break
+                out.append(pair)
+            else:
+                continue
+            break
+        out.sort(key=lambda pair: (-pair[0], pair[1]))
+        return out[:count]
 
     def smallest(self, count: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
