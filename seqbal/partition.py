@@ -598,7 +598,7 @@ class _SortedPairs:
         block = self.blocks[i]
         return block[bisect.bisect_left(block, pair)]
 
-    def largest(self, count: int, *, ties_limit: int = 32) -> list[tuple[int, int]]:
+    def largest(self, count: int, *, ties_limit: int = 256) -> list[tuple[int, int]]:
         """The ``count`` largest keys, descending, lowest part first among equal keys (the
         order of a stable sort by descending key); ties at the cut are resolved among at most
         ``ties_limit`` entries."""
