@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import numbers
 from itertools import chain
 from typing import Any, Optional, Sequence, Union
@@ -598,21 +599,24 @@ class _SortedPairs:
         block = self.blocks[i]
         return block[bisect.bisect_left(block, pair)]
 
-    def largest(self, count: int, *, ties_limit: int = 256) -> list[tuple[int, int]]:
-        """The ``count`` largest keys, descending, lowest part first among equal keys (the
-        order of a stable sort by descending key); ties at the cut are resolved among at most
-        ``ties_limit`` entries."""
+    def last_below(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        """The largest entry smaller than ``pair``, or None."""
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return self.maxes[-1] if self.blocks else None
+        j = bisect.bisect_left(self.blocks[i], pair)
+        if j:
+            return self.blocks[i][j - 1]
+        return self.maxes[i - 1] if i else None
+
+    def largest(self, count: int) -> list[tuple[int, int]]:
+        """The ``count`` largest entries, descending."""
         out: list[tuple[int, int]] = []
         for block in reversed(self.blocks):
-            for pair in reversed(block):
-                if len(out) >= count and (pair[0] != out[-1][0] or len(out) >= ties_limit):
-                    break
-                out.append(pair)
-            else:
-                continue
-            break
-        out.sort(key=lambda pair: (-pair[0], pair[1]))
-        return out[:count]
+            out.extend(block[::-1][:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
 
     def smallest(self, count: int) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
@@ -641,13 +645,15 @@ class _Bins:
         self.members: list[list[int]] = [list(p) for p in parts]
         self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
         self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
-        self.by_room = _SortedPairs(zip([capacity - t for t in self.tokens], range(len(self.tokens))))
+        # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
+        # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
+        self.by_room = _SortedPairs(zip([capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
         self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
 
     def _add(self, part: int, tokens: int, work: int) -> None:
-        self.by_room.remove((self.capacity - self.tokens[part], part))
+        self.by_room.remove((self.capacity - self.tokens[part], -part))
         self.tokens[part] += tokens
-        self.by_room.add((self.capacity - self.tokens[part], part))
+        self.by_room.add((self.capacity - self.tokens[part], -part))
         if self.by_work is not None:
             self.by_work.remove((self.work[part], part))
         self.work[part] += work
@@ -724,18 +730,21 @@ def _repair_step(state: _Bins, worst: int, excess: int) -> bool:
     # positive item that fits somewhere (keeping at least one item in the part). The worst
     # part has negative room, so it is never the part with most room nor a best-fit target.
     top_room, top_part = rooms.last()
-    max_room = top_room if top_part != worst else -1
+    max_room = top_room if -top_part != worst else -1
     movable_end = bisect.bisect_right(member_sizes, max_room)
     if len(members) > 1 and movable_end:
         clear = bisect.bisect_left(member_sizes, excess)
         pick = clear if clear < movable_end else movable_end - 1
         if member_sizes[pick] > 0:
-            target = rooms.first_at_least((member_sizes[pick], -1))[1]
+            # The fullest part with room for it, lowest part among equally full ones.
+            fullest = rooms.first_at_least((member_sizes[pick], -math.inf))[0]
+            target = -rooms.last_below((fullest + 1, -math.inf))[1]
             state.move(members[pick], worst, target)
             return True
     # Swaps with the parts that have the most room: trade an item for a smaller one.
     best: Optional[tuple[int, int, int, int]] = None  # (gain, item, other item, other part)
-    for room, other in rooms.largest(16):
+    for room, negated in rooms.largest(16):
+        other = -negated
         if room <= 0:
             break
         if other == worst:
