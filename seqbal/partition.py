@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
+import numbers
 from itertools import chain
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -69,16 +71,90 @@ def roundup_divisible(a: int, b: int) -> int:
 
 
 def _as_int_array(values: IntSequence, name: str = "lengths") -> np.ndarray:
-    """Return ``values`` as a 1-D int64 array, raising ``ValueError`` on anything else."""
+    """Return ``values`` as a 1-D int64 array, raising ``ValueError`` on anything else, including
+    values whose sums could overflow int64 (see :func:`check_int64_sums`)."""
     array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {tuple(array.shape)}")
     if array.size and not np.issubdtype(array.dtype, np.integer):
-        if np.issubdtype(array.dtype, np.floating) and np.all(np.mod(array, 1) == 0):
+        if array.dtype == object:  # Python ints beyond int64, or objects that are not ints
+            if all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in array.tolist()):
+                _check_total(sum(max(int(v), 0) for v in array.tolist()), name)
+        if np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array)) and np.all(np.mod(array, 1) == 0):
+            _check_total(float(np.abs(array).max()) * len(array), name)
             array = array.astype(np.int64)
         else:
             raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
-    return array.astype(np.int64, copy=False)
+    if array.size and array.dtype.kind == "u" and int(array.max()) > _INT64_MAX:
+        raise ValueError(f"{name} holds {int(array.max())}, beyond int64")
+    array = array.astype(np.int64, copy=False)
+    check_int64_sums(array, name=name)
+    return array
+
+
+_INT64_MAX = 2**63 - 1
+#: Every sum the partitioner forms (part sums, the bound's scaled sums) stays below
+#: ``(_DUAL_FEASIBLE_ORDERS + 1) * total``; a total above this could wrap around in int64.
+INT64_SAFE_TOTAL = _INT64_MAX // 11
+
+
+def _exact_total(values: np.ndarray) -> int:
+    """Exact sum of the positive entries of an int64 array, as a Python int. O(n)."""
+    positive = values[values > 0]
+    if positive.size == 0:
+        return 0
+    if int(positive.max()) <= _INT64_MAX // len(positive):
+        return int(positive.sum())  # cannot wrap
+    return sum(positive.tolist())
+
+
+def _check_total(total: float, name: str) -> None:
+    if total > INT64_SAFE_TOTAL:
+        raise ValueError(
+            f"the {name} sum to {int(total)}, above {INT64_SAFE_TOTAL} (int64 max / 11): sums of "
+            f"micro-batches and of the packing bound could overflow int64; use smaller units"
+        )
+
+
+def check_int64_sums(
+    tokens: IntSequence, workloads: Union[IntSequence, str, None] = None, *, name: str = "lengths"
+) -> None:
+    """Raise ``ValueError`` when a sum the partitioner or the planner forms could overflow int64.
+
+    The one guard used by every partitioner entry point (through its input conversion),
+    :func:`seqbal.plan_micro_batches` / :func:`seqbal.plan_data_parallel` and
+    :func:`seqbal.build_dp_schedule`. It checks the exact (Python int) total of ``tokens``
+    against :data:`INT64_SAFE_TOTAL`; with ``workloads`` also their total, where
+    ``workloads="default"`` means the default model ``24576 s + s**2`` computed exactly from
+    ``tokens`` (so the check runs before the model itself could wrap around).
+
+    Complexity: O(n).
+
+    >>> check_int64_sums([2**61] * 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: the lengths sum to 9223372036854775808, above 838488366986797800 (int64 max / 11): sums of micro-batches and of the packing bound could overflow int64; use smaller units
+    """
+    array = np.asarray(tokens)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        array = _as_int_array(array, name)  # converts, checks the total, or raises
+    elif array.size and array.dtype.kind == "u" and int(array.max()) > _INT64_MAX:
+        raise ValueError(f"{name} holds {int(array.max())}, beyond int64")
+    array = array.astype(np.int64, copy=False)
+    _check_total(_exact_total(array), name)
+    if isinstance(workloads, str):
+        if workloads != "default":
+            raise ValueError(f"workloads must be values or 'default', got {workloads!r}")
+        from .workload import DEFAULT_LINEAR_COEFFICIENT
+
+        positive = array[array > 0]
+        if positive.size and int(positive.max()) <= 2**31:  # each workload fits in int64
+            total = _exact_total(DEFAULT_LINEAR_COEFFICIENT * positive + positive * positive)
+        else:  # Python ints: the squares cannot wrap
+            total = sum(DEFAULT_LINEAR_COEFFICIENT * v + v * v for v in positive.tolist())
+        _check_total(total, "workloads")
+    elif workloads is not None:
+        _check_total(_exact_total(_as_int_array(workloads, "workloads")), "workloads")
 
 
 def partition_sums(values: IntSequence, partitions: Sequence[Sequence[int]]) -> np.ndarray:
@@ -144,6 +220,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     [[0, 1, 3], [2, 4]]
     """
     values = _as_int_array(seqlen_list, "seqlen_list")
+    _check_count(k_partitions, "k_partitions")
+    if values.size and values.min() < 0:
+        index = int(np.argmin(values))
+        raise ValueError(f"seqlen_list must be non-negative, got {int(values[index])} at index {index}")
     n, k = len(values), int(k_partitions)
     if k < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
@@ -189,7 +269,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
                 children.append((smallest[2], single[2]))
                 single = (smallest[0] + single[0], smallest[1] + single[1], n + len(children) - 1)
             parts.insert(bisect.bisect_right(parts, (single[0], single[1], after_ties)), single)
-            heapq.heappush(heap, entry(next_node, parts))
+            states[next_node] = parts  # entry(), inlined on this hot path
+            neg_top = parts[0][0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
+            spread = neg_top - (parts[-1][0] if len(parts) == k else 0)
+            heapq.heappush(heap, (spread, neg_top, parts[0][1], next_node))
             next_node += 1
             continue
         # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
@@ -251,6 +334,7 @@ def get_seqlen_balanced_partitions(
     >>> get_seqlen_balanced_partitions([1, 2, 3, 4], 2, equal_size=True)
     [[0, 3], [1, 2]]
     """
+    _check_count(k_partitions, "k_partitions")
     n = len(seqlen_list)
     if k_partitions < 1 or n < k_partitions:
         raise ValueError(f"number of items [{n}] < k_partitions [{k_partitions}] (or k_partitions < 1)")
@@ -282,10 +366,9 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
     (8, 2)
     """
     sizes = np.sort(_as_int_array(lengths))
+    _check_capacity_value(capacity)
     if sizes.size == 0 or sizes[-1] == 0:
         return 0
-    if capacity <= 0:
-        raise ValueError(f"capacity must be positive, got {capacity}")
     prefix = np.concatenate(([0], np.cumsum(sizes)))
     n = len(sizes)
     half = capacity / 2
@@ -313,8 +396,7 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
 
 
 def _check_capacity(sizes: np.ndarray, capacity: int) -> None:
-    if capacity <= 0:
-        raise ValueError(f"capacity must be positive, got {capacity}")
+    _check_capacity_value(capacity)
     if sizes.size and (sizes < 0).any():
         index = int(np.argmax(sizes < 0))
         raise ValueError(f"length of item {index} is negative ({int(sizes[index])})")
@@ -391,6 +473,20 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
     return [sorted(b) for b in bins]
 
 
+def _check_is_partition(bins: Sequence[Sequence[Any]], n: int) -> None:
+    """ValueError unless ``bins`` hold every index ``0..n-1`` exactly once. O(n)."""
+    seen = np.zeros(n, dtype=bool)
+    for position, items in enumerate(bins):
+        for item in items:
+            if not isinstance(item, (int, np.integer)) or isinstance(item, bool) or not 0 <= item < n:
+                raise ValueError(f"bin {position} holds {item!r}, not an index into {n} items")
+            if seen[item]:
+                raise ValueError(f"item {item} appears twice in bins (again in bin {position})")
+            seen[item] = True
+    if not seen.all():
+        raise ValueError(f"bins hold {int(seen.sum())} of the {n} items; item {int(np.argmin(seen))} is missing")
+
+
 def _split_in_two(items: list[int], weights: np.ndarray) -> tuple[list[int], list[int]]:
     """Split ``items`` (>= 2) into two non-empty halves of balanced weight (greedy LPT)."""
     ordered = sorted(items, key=lambda i: (-int(weights[i]), i))
@@ -423,15 +519,20 @@ def split_bins_to_count(
     Complexity: O(n log n + (target - len(bins)) log target).
 
     Raises:
-        ValueError: ``target`` smaller than the number of bins, or larger than the number of
-            items (a bin cannot be empty).
+        ValueError: ``bins`` not a partition of the item indices (an index out of range,
+            repeated or missing), ``target`` not an int, smaller than the number of bins, or
+            larger than the number of items (a bin cannot be empty).
 
     >>> split_bins_to_count([[0, 1, 2]], [3, 2, 1], 2)
     [[0], [1, 2]]
     """
     sizes = _as_int_array(lengths)
     weight_array = sizes if weights is None else _as_int_array(weights, "weights")
+    if len(weight_array) != len(sizes):
+        raise ValueError(f"lengths has {len(sizes)} entries but weights has {len(weight_array)}")
+    _check_count(target, "target")
     result = [sorted(b) for b in bins]
+    _check_is_partition(result, len(sizes))
     n_items = sum(len(b) for b in result)
     if target < len(result):
         raise ValueError(f"cannot split {len(result)} bins down to {target}; splitting only adds bins")
@@ -455,23 +556,118 @@ def split_bins_to_count(
 # ---------------------------------------------------------------------------------------------
 
 
-class _Bins:
-    """Mutable parts with their token and workload sums, for the local searches below."""
+class _SortedPairs:
+    """A sorted multiset of ``(key, part)`` pairs in blocks of a few hundred: add, remove and
+    the searches below cost O(log k + block) instead of the O(k) shift of one flat list, which
+    at 10^5 parts dominated the repair."""
 
-    def __init__(self, parts: Sequence[Sequence[int]], tokens: np.ndarray, workloads: np.ndarray) -> None:
-        self.tokens_of = tokens
-        self.work_of = workloads
+    _BLOCK = 256
+
+    def __init__(self, pairs) -> None:
+        ordered = sorted(pairs)
+        self.blocks = [ordered[i:i + self._BLOCK] for i in range(0, len(ordered), self._BLOCK)]
+        self.maxes = [block[-1] for block in self.blocks]
+
+    def add(self, pair: tuple[int, int]) -> None:
+        if not self.blocks:
+            self.blocks, self.maxes = [[pair]], [pair]
+            return
+        i = min(bisect.bisect_left(self.maxes, pair), len(self.blocks) - 1)
+        block = self.blocks[i]
+        bisect.insort(block, pair)
+        self.maxes[i] = block[-1]
+        if len(block) > 2 * self._BLOCK:
+            self.blocks[i:i + 1] = [block[:self._BLOCK], block[self._BLOCK:]]
+            self.maxes[i:i + 1] = [block[self._BLOCK - 1], block[-1]]
+
+    def remove(self, pair: tuple[int, int]) -> None:
+        i = bisect.bisect_left(self.maxes, pair)
+        block = self.blocks[i]
+        del block[bisect.bisect_left(block, pair)]
+        if block:
+            self.maxes[i] = block[-1]
+        else:
+            del self.blocks[i], self.maxes[i]
+
+    def last(self) -> tuple[int, int]:
+        return self.maxes[-1]
+
+    def first_at_least(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return None
+        block = self.blocks[i]
+        return block[bisect.bisect_left(block, pair)]
+
+    def last_below(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        """The largest entry smaller than ``pair``, or None."""
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return self.maxes[-1] if self.blocks else None
+        j = bisect.bisect_left(self.blocks[i], pair)
+        if j:
+            return self.blocks[i][j - 1]
+        return self.maxes[i - 1] if i else None
+
+    def largest(self, count: int) -> list[tuple[int, int]]:
+        """The ``count`` largest entries, descending."""
+        out: list[tuple[int, int]] = []
+        for block in reversed(self.blocks):
+            out.extend(block[::-1][:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+    def smallest(self, count: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for block in self.blocks:
+            out.extend(block[:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+
+class _Bins:
+    """Mutable parts with their token and workload sums, for the local searches below.
+
+    Besides the sums it keeps the parts sorted by free room and by workload
+    (:class:`_SortedPairs`), so "the fullest part with room for this item", "the parts with
+    most room" and "the heaviest and the lightest parts" are binary searches instead of O(k)
+    NumPy scans per step.
+    """
+
+    def __init__(
+        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, workloads: np.ndarray, capacity: int, *, by_work: bool
+    ) -> None:
+        self.tokens_of = tokens.tolist()
+        self.work_of = self.tokens_of if workloads is tokens else workloads.tolist()
+        self.capacity = capacity
         self.members: list[list[int]] = [list(p) for p in parts]
-        self.tokens = _part_sums(tokens, self.members)
-        self.work = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members)
+        self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
+        self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
+        # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
+        # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
+        self.by_room = _SortedPairs(zip([capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
+        self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
+
+    def _add(self, part: int, tokens: int, work: int) -> None:
+        self.by_room.remove((self.capacity - self.tokens[part], -part))
+        self.tokens[part] += tokens
+        self.by_room.add((self.capacity - self.tokens[part], -part))
+        if self.by_work is not None:
+            self.by_work.remove((self.work[part], part))
+        self.work[part] += work
+        if self.by_work is not None:
+            self.by_work.add((self.work[part], part))
+
+    def room(self, part: int) -> int:
+        return self.capacity - self.tokens[part]
 
     def move(self, item: int, source: int, target: int) -> None:
         self.members[source].remove(item)
         self.members[target].append(item)
-        self.tokens[source] -= self.tokens_of[item]
-        self.tokens[target] += self.tokens_of[item]
-        self.work[source] -= self.work_of[item]
-        self.work[target] += self.work_of[item]
+        self._add(source, -self.tokens_of[item], -self.work_of[item])
+        self._add(target, self.tokens_of[item], self.work_of[item])
 
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
         self.move(item_a, bin_a, bin_b)
@@ -497,56 +693,69 @@ def repair_over_capacity(
     so the search ends; it returns ``None`` if it gets stuck or runs out of steps (no part is
     ever emptied, so a non-empty input stays non-empty).
 
-    Complexity: O(k) NumPy work per move, O(|part| log n) per swap search over the few parts
-    with most room; at most ``max_steps`` (default ``4 n + 16``) steps.
+    Complexity: O(log k + |part| log |part|) per move (parts kept sorted by room), plus
+    O(|part| log n) per swap search over the 16 parts with most room; at most ``max_steps``
+    (default ``4 n + 16``) steps.
 
     >>> repair_over_capacity([[0, 1], [2]], [6, 5, 1], 10)
     [[0], [1, 2]]
     """
     size = _as_int_array(tokens, "tokens")
-    state = _Bins(parts, size, size)
+    _check_capacity_value(capacity)
+    state = _Bins(parts, size, size, capacity, by_work=False)
     steps = max_steps if max_steps is not None else 4 * len(size) + 16
-    for _ in range(steps):
-        excess = state.tokens - capacity
-        worst = int(np.argmax(excess))
-        if excess[worst] <= 0:
-            return state.result()
-        if len(state.members[worst]) < 2:
+    over = [(capacity - load, part) for part, load in enumerate(state.tokens) if load > capacity]  # most excess first
+    heapq.heapify(over)
+    while over:
+        room, worst = heapq.heappop(over)
+        if room != state.room(worst):  # stale: only the worst part's room changes by a step
+            continue
+        if steps <= 0 or len(state.members[worst]) < 2:
             return None
-        room = capacity - state.tokens
-        room[worst] = -1
-        if not _repair_step(state, worst, int(excess[worst]), room):
+        steps -= 1
+        if not _repair_step(state, worst, -room):
             return None
-    return None
+        if state.room(worst) < 0:
+            heapq.heappush(over, (state.room(worst), worst))
+    return state.result()
 
 
-def _repair_step(state: _Bins, worst: int, excess: int, room: np.ndarray) -> bool:
-    members = sorted(state.members[worst], key=lambda i: (int(state.tokens_of[i]), i))
-    member_sizes = [int(state.tokens_of[i]) for i in members]
-    max_room = int(room.max())
+def _repair_step(state: _Bins, worst: int, excess: int) -> bool:
+    sizes_of = state.tokens_of
+    ranked = sorted([(sizes_of[i], i) for i in state.members[worst]])  # tuples: no key function
+    member_sizes = [size for size, _ in ranked]
+    members = [item for _, item in ranked]
+    rooms = state.by_room
     # Moves: the smallest item that clears the excess and fits somewhere, else the largest
-    # positive item that fits somewhere (keeping at least one item in the part).
+    # positive item that fits somewhere (keeping at least one item in the part). The worst
+    # part has negative room, so it is never the part with most room nor a best-fit target.
+    top_room, top_part = rooms.last()
+    max_room = top_room if -top_part != worst else -1
     movable_end = bisect.bisect_right(member_sizes, max_room)
     if len(members) > 1 and movable_end:
         clear = bisect.bisect_left(member_sizes, excess)
         pick = clear if clear < movable_end else movable_end - 1
         if member_sizes[pick] > 0:
-            item = members[pick]
-            candidates = np.flatnonzero(room >= member_sizes[pick])
-            target = int(candidates[np.argmin(room[candidates])])
-            state.move(item, worst, target)
+            # The fullest part with room for it, lowest part among equally full ones.
+            fullest = rooms.first_at_least((member_sizes[pick], -math.inf))[0]
+            target = -rooms.last_below((fullest + 1, -math.inf))[1]
+            state.move(members[pick], worst, target)
             return True
     # Swaps with the parts that have the most room: trade an item for a smaller one.
     best: Optional[tuple[int, int, int, int]] = None  # (gain, item, other item, other part)
-    for other in np.argsort(-room, kind="stable")[:16].tolist():
-        if room[other] <= 0 or other == worst:
+    for room, negated in rooms.largest(16):
+        other = -negated
+        if room <= 0:
+            break
+        if other == worst:
             continue
-        other_items = sorted(state.members[other], key=lambda i: (int(state.tokens_of[i]), i))
-        other_sizes = [int(state.tokens_of[i]) for i in other_items]
+        ranked = sorted([(sizes_of[i], i) for i in state.members[other]])
+        other_sizes = [size for size, _ in ranked]
+        other_items = [item for _, item in ranked]
         for item, item_size in zip(members, member_sizes):
-            # need 0 < item_size - other_size <= room[other]; the largest gain is the smallest
-            # other item with size >= item_size - room[other].
-            j = bisect.bisect_left(other_sizes, item_size - int(room[other]))
+            # need 0 < item_size - other_size <= room; the largest gain is the smallest
+            # other item with size >= item_size - room.
+            j = bisect.bisect_left(other_sizes, item_size - room)
             if j < len(other_sizes) and other_sizes[j] < item_size:
                 gain = min(item_size - other_sizes[j], excess)
                 if best is None or gain > best[0]:
@@ -557,6 +766,13 @@ def _repair_step(state: _Bins, worst: int, excess: int, room: np.ndarray) -> boo
         return False
     state.swap(best[1], worst, best[2], best[3])
     return True
+
+
+#: How many of the lightest parts the heaviest part is paired with, in turn, per rebalance step:
+#: REBALANCE_PAIR_ITEMS / (items per part), between 8 and REBALANCE_PARTNERS. A pairing scans
+#: the heavy part's items, so parts of a few items afford many partners, large parts few.
+REBALANCE_PARTNERS = 32
+REBALANCE_PAIR_ITEMS = 256
 
 
 def rebalance_within_capacity(
@@ -572,24 +788,28 @@ def rebalance_within_capacity(
     Each step pairs the heaviest part with the lightest parts in turn and applies the single
     move (or, failing that, swap) that brings the pair's workloads closest to equal while
     strictly lowering the pair's maximum and keeping both parts within ``capacity``. It stops
-    when the heaviest part cannot be improved with any of the eight lightest parts, or after
+    when the heaviest part cannot be improved with any of the 8 to 32 lightest parts (more when
+    parts hold few items, see :data:`REBALANCE_PAIR_ITEMS`), or after
     ``max_steps`` steps (default ``2 k + 64``). Parts never become empty; a part over the cap
     on input is not made worse.
 
-    Complexity: O(k + |heavy| log |light|) per step.
+    Complexity: O(log k + |heavy| log |light|) per step (parts kept sorted by workload).
 
     >>> rebalance_within_capacity([[0, 1, 2], [3]], [1, 1, 1, 1], [5, 4, 3, 1], 10)
     [[1, 2], [0, 3]]
     """
     size = _as_int_array(tokens, "tokens")
     work = _as_int_array(workloads, "workloads")
-    state = _Bins(parts, size, work)
+    _check_capacity_value(capacity)
+    state = _Bins(parts, size, work, capacity, by_work=True)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
+    per_part = max(len(size) // max(len(state.members), 1), 1)
+    partners = min(max(REBALANCE_PAIR_ITEMS // per_part, 8), REBALANCE_PARTNERS)
     for _ in range(steps):
-        heavy = int(np.argmax(state.work))
+        heavy_work, heavy = state.by_work.last()
         improved = False
-        for light in np.argsort(state.work, kind="stable")[:8].tolist():
-            if light == heavy or state.work[light] >= state.work[heavy]:
+        for light_work, light in state.by_work.smallest(partners):
+            if light == heavy or light_work >= heavy_work:
                 break
             if _rebalance_pair(state, heavy, light, capacity):
                 improved = True
@@ -600,16 +820,17 @@ def rebalance_within_capacity(
 
 
 def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool:
-    diff = int(state.work[heavy] - state.work[light])
-    room_light = capacity - int(state.tokens[light])
-    room_heavy = capacity - int(state.tokens[heavy])
+    work_of, tokens_of = state.work_of, state.tokens_of
+    diff = state.work[heavy] - state.work[light]
+    room_light = capacity - state.tokens[light]
+    room_heavy = capacity - state.tokens[heavy]
     heavy_items = state.members[heavy]
     # A move of workload w improves the pair iff 0 < w < diff; best is w closest to diff / 2.
     if len(heavy_items) > 1:
         best_item, best_gap = -1, diff
         for item in heavy_items:
-            w = int(state.work_of[item])
-            if 0 < w < diff and state.tokens_of[item] <= room_light:
+            w = work_of[item]
+            if 0 < w < diff and tokens_of[item] <= room_light:
                 gap = abs(diff - 2 * w)
                 if gap < best_gap:
                     best_item, best_gap = item, gap
@@ -617,18 +838,18 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
             state.move(best_item, heavy, light)
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
-    light_items = sorted(state.members[light], key=lambda i: (int(state.work_of[i]), i))
-    light_work = [int(state.work_of[i]) for i in light_items]
+    ranked = sorted([(work_of[i], i) for i in state.members[light]])
+    light_work = [w for w, _ in ranked]
+    light_items = [item for _, item in ranked]
     best: Optional[tuple[int, int, int]] = None  # (gap, heavy item, light item)
     for item in heavy_items:
-        w = int(state.work_of[item])
-        want = w - diff / 2  # ideal light-item workload
-        centre = bisect.bisect_left(light_work, want)
+        w = work_of[item]
+        centre = bisect.bisect_left(light_work, w - diff / 2)  # ideal light-item workload
         for j in range(max(0, centre - 2), min(len(light_items), centre + 2)):
             delta = w - light_work[j]
             if not 0 < delta < diff:
                 continue
-            token_shift = int(state.tokens_of[item]) - int(state.tokens_of[light_items[j]])
+            token_shift = tokens_of[item] - tokens_of[light_items[j]]
             if token_shift > room_light or -token_shift > room_heavy:
                 continue
             gap = abs(diff - 2 * delta)
@@ -644,9 +865,135 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
 # Capped balancing: the partitioner used by rearrange_micro_batches
 # ---------------------------------------------------------------------------------------------
 
+#: KK on workloads is run only when parts hold at least this many items on average: there it
+#: balances best and its merges stay cheap. With fewer items per part (long responses, a few
+#: per micro-batch) its merges of many-part states make a pass O(n k), and the count is tight
+#: anyway, so the cap-aware greedy below balances at O(n log k).
+SLACK_ITEMS_PER_PART = 6
+#: ... and at small counts, where a pass costs O(n log n + n SMALL_COUNT) whatever the slack.
+SMALL_COUNT = 64
+
 
 def _within(parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> bool:
     return bool((_part_sums(tokens, parts) <= capacity).all())
+
+
+def _check_capacity_value(capacity: Any) -> None:
+    if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool):
+        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    if capacity <= 0:
+        raise ValueError(f"capacity must be positive, got {capacity}")
+
+
+def _greedy_balance(values: np.ndarray, k: int, order: Optional[list[int]] = None) -> list[list[int]]:
+    """Largest value first into the part with the smallest sum (LPT); ``order`` is the items
+    by descending value (index breaks ties), computed here if not given. The k largest items
+    open the k parts. O(n log k), deterministic; indices within a part are not sorted."""
+    if order is None:
+        order = _descending(values)
+    value_list = values.tolist()
+    parts: list[list[int]] = [[item] for item in order[:k]]
+    heap = [(value_list[item], part) for part, item in enumerate(order[:k])]
+    heapq.heapify(heap)
+    for item in order[k:]:
+        total, part = heap[0]
+        parts[part].append(item)
+        heapq.heapreplace(heap, (total + value_list[item], part))
+    return parts
+
+
+def _descending(values: np.ndarray) -> list[int]:
+    """Item indices by descending value, ascending index among equal values. O(n log n)."""
+    return np.lexsort((np.arange(len(values)), -values)).tolist()
+
+
+def _capped_greedy(tokens: np.ndarray, work: np.ndarray, capacity: int, k: int) -> Optional[list[list[int]]]:
+    """LPT on workloads that skips parts without token room: the heaviest item first, into the
+    lightest part it fits in. ``None`` if an item fits nowhere or a part stays empty.
+
+    Complexity: O(n log k) heap steps plus the parts skipped for lack of room (put back after
+    each item), which are few unless the count is very tight.
+    """
+    order = np.lexsort((np.arange(len(work)), -work)).tolist()
+    work_list, token_list = work.tolist(), tokens.tolist()
+    heap = [(0, part) for part in range(k)]
+    load = [0] * k
+    parts: list[list[int]] = [[] for _ in range(k)]
+    skipped: list[tuple[int, int]] = []
+    budget = 2 * len(order) + 64  # skipped parts in total; past it the greedy is not worth it
+    for item in order:
+        size = token_list[item]
+        while heap and load[heap[0][1]] + size > capacity:
+            skipped.append(heapq.heappop(heap))
+            budget -= 1
+        if not heap or budget < 0:
+            return None
+        total, part = heap[0]
+        parts[part].append(item)
+        load[part] += size
+        heapq.heapreplace(heap, (total + work_list[item], part))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        skipped.clear()
+    if not all(parts):
+        return None
+    return [sorted(p) for p in parts]
+
+
+#: Repair steps a feasibility try may take per part over the cap: a count that is feasible is
+#: usually repaired in one or two steps per such part, and a failing try must stay cheap.
+REPAIR_STEPS_PER_OVER = 3
+#: Searches over at most this many items (and at most SMALL_COUNT parts) try KK starts too,
+#: with an unlimited repair: every pass is cheap there, and small inputs are where a missed
+#: count costs most (one micro-batch of a few).
+THOROUGH_ITEMS = 256
+#: Counts tried one by one from the bound before the count search jumps below the packing.
+LINEAR_TRIES = 3
+
+
+def _fit_in(
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    k: int,
+    thorough: bool = False,
+    orders: Optional[tuple[list[int], list[int]]] = None,
+) -> Optional[list[list[int]]]:
+    """Some partition into ``k`` non-empty parts within ``capacity``, or ``None``: the feasibility
+    try of the count search, with the same methods at every count of one search.
+
+    LPT on workloads, then LPT on tokens (largest first into the part with the smallest sum),
+    each repaired by :func:`repair_over_capacity` with :data:`REPAIR_STEPS_PER_OVER` steps per
+    part over the cap; the first that meets the cap wins. The two start points fail on
+    different inputs (tokens evened out leave no room to repair into; workloads evened out
+    spread the tokens). ``thorough`` (small searches, where every pass is cheap) adds KK on
+    workloads and on tokens as start points and lifts the repair's step limit.
+    O(n log k) plus the repair steps; O(n k) more when ``thorough``.
+    """
+    if k > len(tokens):
+        return None
+    if orders is None:
+        orders = (_descending(work), _descending(tokens))
+    starts = [lambda: _greedy_balance(work, k, orders[0]), lambda: _greedy_balance(tokens, k, orders[1])]
+    if thorough:
+        starts += [lambda: karmarkar_karp(work, k, equal_size=False), lambda: karmarkar_karp(tokens, k, equal_size=False)]
+    for start in starts:
+        parts = start()
+        if not all(parts):
+            continue
+        over = int((_part_sums(tokens, parts) > capacity).sum())
+        if not over:
+            return parts
+        steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
+        repaired = repair_over_capacity(parts, tokens, capacity, max_steps=steps)
+        if repaired is not None:
+            return repaired
+    return None
+
+
+def _has_slack(n: int, k: int) -> bool:
+    """Whether KK on workloads is worth running at ``k`` parts (see SLACK_ITEMS_PER_PART)."""
+    return k <= SMALL_COUNT or n >= SLACK_ITEMS_PER_PART * k
 
 
 def capped_balanced_partitions(
@@ -661,17 +1008,22 @@ def capped_balanced_partitions(
     with balanced workload; ``None`` if no such partition was found.
 
     Tried in order, first success wins:
-      1. KK on workloads (best balance) if it respects the cap as it is;
-      2. that KK result repaired by :func:`repair_over_capacity`;
-      3. KK on tokens (evens out tokens, so it meets the cap whenever there is slack), repaired;
-      4. ``feasible``, a known cap-respecting partition with at most ``k`` parts, split up to
-         ``k`` parts by :func:`split_bins_to_count` (never breaks the cap).
-    Results of steps 2-4 are rebalanced on workload with :func:`rebalance_within_capacity`.
-    Step 4 makes the function succeed for every ``k`` between ``len(feasible)`` and the number
-    of items: this is the monotonicity the count search and the data-parallel agreement rely on.
+      1. with slack (at least :data:`SLACK_ITEMS_PER_PART` items per part on average, or at
+         most :data:`SMALL_COUNT` parts): KK on
+         workloads, as it is if it respects the cap (best balance), else repaired by
+         :func:`repair_over_capacity`;
+      2. the cap-aware greedy: heaviest workload first into the lightest part with token room;
+      3. ``feasible``, a known cap-respecting partition with at most ``k`` parts, split up to
+         ``k`` parts by :func:`split_bins_to_count` (never breaks the cap);
+      4. without ``feasible``: the count search's try in its thorough form (LPT and KK starts,
+         on workloads and tokens, repaired without a step limit).
+    Results of steps 1 (repaired) to 4 are rebalanced on workload with
+    :func:`rebalance_within_capacity`. Step 3 makes the function succeed for every ``k`` between
+    ``len(feasible)`` and the number of items: this is the monotonicity the count search and
+    the data-parallel agreement rely on.
 
-    Complexity: up to two KK passes (O(n log n) heap steps each) plus the local searches, whose
-    steps cost O(k) NumPy work each.
+    Complexity: O(n log n) with slack (one KK pass whose merges are cheap there), O(n log k)
+    heap steps otherwise, plus the local searches at O(log k) per step.
 
     >>> sorted(capped_balanced_partitions([7] * 4, [7] * 4, 8, 4))
     [[0], [1], [2], [3]]
@@ -680,20 +1032,33 @@ def capped_balanced_partitions(
     """
     size = _as_int_array(tokens, "tokens")
     work = _as_int_array(workloads, "workloads")
+    _check_capacity_value(capacity)
+    _check_count(k, "k")
     n = len(size)
     if k < 1 or k > n:
         return None
-    parts = karmarkar_karp(work, k, equal_size=False)
-    if _within(parts, size, capacity):
-        return parts
-    candidate = repair_over_capacity(parts, size, capacity)
+    if len(work) != n:
+        raise ValueError(f"tokens has {n} entries but workloads has {len(work)}")
+    candidate = None
+    if _has_slack(n, k):
+        parts = karmarkar_karp(work, k, equal_size=False)
+        if _within(parts, size, capacity):
+            return parts
+        candidate = repair_over_capacity(parts, size, capacity)
     if candidate is None:
-        candidate = repair_over_capacity(karmarkar_karp(size, k, equal_size=False), size, capacity)
+        candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
         candidate = split_bins_to_count(feasible, size, k, weights=work)
+    if candidate is None and feasible is None:  # no fallback: try hard (callers probing a count)
+        candidate = _fit_in(size, work, capacity, k, thorough=True)
     if candidate is None:
         return None
     return rebalance_within_capacity(candidate, size, work, capacity)
+
+
+def _check_count(value: Any, name: str) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
 
 
 def smallest_feasible_partitions(
@@ -704,25 +1069,24 @@ def smallest_feasible_partitions(
     min_count: int = 1,
     step: int = 1,
 ) -> tuple[int, Optional[list[list[int]]]]:
-    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which a balanced
-    cap-respecting partition is found, and that partition.
+    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which a
+    cap-respecting partition is found, and a balanced partition at that count.
 
-    The count lies between the bound ``k0`` (the larger of ``min_count`` and
-    :func:`packing_lower_bound`, rounded up to ``step``) and the count of a best-fit-decreasing
-    packing rounded up to ``step``, where :func:`capped_balanced_partitions` always succeeds
-    (its step 4 splits the packing). :func:`capped_balanced_partitions` is tried at ``k0``; if
-    that fails, the counts in between are bisected. A try at a count repairs KK on workloads
-    (kept: if it meets the cap as it is, it is the answer), else an LPT token balance, else KK
-    on tokens, so it succeeds whenever a try of the older linear scan did. Bisection assumes
-    that a count that works is followed by counts that work; on inputs where that fails, the
-    count found can exceed the smallest working count (never seen on the benchmark grid nor
-    on 3000 random small inputs, see docs/benchmarks.md), and it never exceeds the BFD count.
-    If the count exceeds the number of items, ``(count, None)`` is returned so the caller can
-    report what was needed.
+    The count is decided before any balancing. It lies between the bound ``k0`` (the larger
+    of ``min_count`` and :func:`packing_lower_bound`, rounded up to ``step``) and the count
+    ``b`` of a best-fit-decreasing packing rounded up to ``step``, where a partition is known
+    (split the packing). Counts below ``b`` are tried with one feasibility try, the same at
+    every count (:func:`_fit_in`: LPT on tokens, repaired). The search is over the predicate
+    "a partition into at most ``k`` parts is known", which is monotone by construction (a
+    known partition splits up to any larger count): it tries ``k0`` and the next two counts
+    one by one, then ``b - step``, then bisects between the last failure and the smallest
+    success. Then the partition is balanced once, at the final count, by
+    :func:`capped_balanced_partitions`. If the count exceeds the number of items,
+    ``(count, None)`` is returned so the caller can report what was needed.
 
-    Complexity: O(n log n) for the bound and the packing, one
-    :func:`capped_balanced_partitions` call, plus ``log2((bfd - k0) / step)`` tries of at most
-    two KK passes each, and one more :func:`capped_balanced_partitions` call if none succeeds.
+    Complexity: O(n log n) for the bound and the packing; 4 tries when they all fail, at most
+    ``4 + log2((b - k0) / step)`` tries, each O(n log k) plus the repair; one
+    :func:`capped_balanced_partitions` call.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
@@ -732,56 +1096,57 @@ def smallest_feasible_partitions(
     size = _as_int_array(tokens, "tokens")
     work = _as_int_array(workloads, "workloads")
     _check_capacity(size, capacity)
+    _check_count(step, "step")
+    _check_count(min_count, "min_count")
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
-    k = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
-    if k > n:
-        return k, None
+    k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
+    if k0 > n:
+        return k0, None
     packing = best_fit_decreasing_partitions(size, capacity)
-    packed_count = roundup_divisible(len(packing), step)
-    if k >= packed_count:
-        return k, capped_balanced_partitions(size, work, capacity, k, feasible=packing)
-    parts = capped_balanced_partitions(size, work, capacity, k)
-    if parts is not None:
-        return k, parts
-    # Bisect (k, packed_count]. Cheapest attempt first: a successful try usually costs one KK.
-    kk_by_count: dict[int, list[list[int]]] = {}
+    count, known = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
+    if count > n:
+        return count, None
+    return count, capped_balanced_partitions(size, work, capacity, count, feasible=known)
 
-    def try_count(count: int) -> Optional[list[list[int]]]:
-        kk_by_count[count] = karmarkar_karp(work, count, equal_size=False)
-        repaired = repair_over_capacity(kk_by_count[count], size, capacity)
-        if repaired is None:
-            repaired = repair_over_capacity(_greedy_balance(size, count), size, capacity)
-        if repaired is None:
-            repaired = repair_over_capacity(karmarkar_karp(size, count, equal_size=False), size, capacity)
-        return repaired
 
-    failed, found, found_parts = k, packed_count, None  # counts, multiples of step
-    while found - failed > step:
-        middle = failed + (found - failed) // (2 * step) * step
-        parts = try_count(middle)
+def _search_count(
+    size: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    low: int,
+    packed: int,
+    step: int,
+    packing: list[list[int]],
+) -> tuple[int, list[list[int]]]:
+    """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
+    with that partition (at most that many parts). See :func:`smallest_feasible_partitions`."""
+    if low >= packed:
+        return low, packing
+    # Decided once, so every count of this search gets the same try: small inputs get every start.
+    thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
+    orders = (_descending(work), _descending(size))  # the same for every try
+    failed, found, known = low - step, packed, packing  # the largest count known to fail; the smallest known to work
+    # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
+    # bound, and a try can fail just above a count where it works); then one step below the
+    # packing, the count most likely to work; then bisection between the last failure and the
+    # smallest success. Every probe is the same try, and a success at m settles every count
+    # above m (split the partition), so the predicate searched is monotone by construction.
+    probes = [low + i * step for i in range(LINEAR_TRIES)]
+    for count in probes + [packed - step]:
+        if not failed < count < found:
+            continue
+        parts = _fit_in(size, work, capacity, count, thorough, orders)
         if parts is not None:
-            found, found_parts = middle, parts
+            found, known = count, parts
+            break
+        failed = count
+    while found - failed > step:  # bisect (failed, found)
+        middle = failed + (found - failed) // (2 * step) * step
+        parts = _fit_in(size, work, capacity, middle, thorough, orders)
+        if parts is not None:
+            found, known = middle, parts
         else:
             failed = middle
-    if found > n:
-        return found, None
-    if found_parts is None:
-        return found, capped_balanced_partitions(size, work, capacity, found, feasible=packing)
-    if _within(kk_by_count[found], size, capacity):
-        return found, kk_by_count[found]
-    return found, rebalance_within_capacity(found_parts, size, work, capacity)
-
-
-def _greedy_balance(values: np.ndarray, k: int) -> list[list[int]]:
-    """Largest value first into the part with the smallest sum (LPT). O(n log k), deterministic."""
-    order = np.lexsort((np.arange(len(values)), -values)).tolist()
-    value_list = values.tolist()
-    heap = [(0, part) for part in range(k)]
-    parts: list[list[int]] = [[] for _ in range(k)]
-    for item in order:
-        total, part = heap[0]
-        parts[part].append(item)
-        heapq.heapreplace(heap, (total + value_list[item], part))
-    return [sorted(p) for p in parts]
+    return found, known

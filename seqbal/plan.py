@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .partition import capped_balanced_partitions, check_int64_sums, roundup_divisible, smallest_feasible_partitions
 from .workload import calculate_workload
 
 __all__ = [
@@ -248,6 +248,10 @@ def _local_plan(
             f"({over.size} sample(s) over the cap; the largest has {int(lengths.max())} tokens)",
             MicroBatchPlanError.SAMPLE_EXCEEDS,
         )
+    try:  # before any sum: token and default-workload totals must not wrap around in int64
+        check_int64_sums(lengths, "default")
+    except ValueError as error:
+        raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_BATCH) from None
     g = force_group_size
     group_tokens = lengths.reshape(-1, g).sum(axis=1)
     group_workloads = calculate_workload(lengths).reshape(-1, g).sum(axis=1)

@@ -29,6 +29,7 @@ Everything here is pure Python/NumPy on plain lengths and deterministic.
 
 from __future__ import annotations
 
+import bisect
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence
@@ -37,8 +38,11 @@ import numpy as np
 
 from .metrics import log_seqlen_unbalance
 from .partition import (
+    INT64_SAFE_TOTAL,
+    _part_sums,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
+    check_int64_sums,
     karmarkar_karp,
     packing_lower_bound,
     roundup_divisible,
@@ -85,9 +89,22 @@ def _workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.nda
     if not np.issubdtype(values.dtype, np.integer):
         # Integer workloads keep KK exact and deterministic; round float models once here.
         values = np.rint(values.astype(np.float64))
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(
+                f"workload_fn returned {values[bad[0]]} for sample {int(bad[0])} (length {int(lengths[bad[0]])}); "
+                f"workloads must be finite"
+            )
+        if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
+            index = int(np.argmax(np.abs(values)))
+            raise ValueError(f"workload_fn returned {values[index]:.4g} for sample {index}, beyond int64 sums")
+    elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
+        index = int(np.argmax(values))
+        raise ValueError(f"workload_fn returned {int(values[index])} for sample {index}, beyond int64 sums")
     values = values.astype(np.int64)
     if (values < 0).any():
-        raise ValueError("workload_fn returned a negative workload")
+        index = int(np.argmax(values < 0))
+        raise ValueError(f"workload_fn returned a negative workload ({int(values[index])}) for sample {index}")
     return values
 
 
@@ -100,6 +117,11 @@ def _groups(
     if group_ids is not None:
         if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
             group_ids = group_ids.tolist()
+        if not hasattr(group_ids, "__len__") or not hasattr(group_ids, "__getitem__"):
+            raise ValueError(
+                f"group_ids must be a sequence (list, tuple, array or tensor) of n hashable ids, got "
+                f"{type(group_ids).__name__}"
+            )
         if force_group_size != 1:
             raise ValueError(
                 f"give either force_group_size (got {force_group_size}) or group_ids, not both: "
@@ -109,7 +131,12 @@ def _groups(
             raise ValueError(f"lengths has {n} entries but group_ids has {len(group_ids)}")
         members: dict[Hashable, list[int]] = {}
         for index, uid in enumerate(group_ids):
-            members.setdefault(uid, []).append(index)
+            try:
+                members.setdefault(uid, []).append(index)
+            except TypeError:
+                raise ValueError(
+                    f"group_ids[{index}] is {uid!r} of type {type(uid).__name__}, which is not hashable"
+                ) from None
         return list(members.values())
     if n % force_group_size:
         raise ValueError(f"force_group_size={force_group_size} does not divide the batch size {n}")
@@ -263,7 +290,8 @@ def _assign_bins_to_ranks(bin_work: np.ndarray, dp_size: int) -> list[list[int]]
     ``4 * bins`` swaps. O(b log b + swaps * b / dp_size * log).
     """
     ranks = karmarkar_karp(bin_work, dp_size, equal_size=True)
-    totals = [int(bin_work[r].sum()) for r in ranks]
+    totals = _part_sums(bin_work, ranks).tolist()
+    bin_work = bin_work.tolist()  # Python ints: the loops below index it one bin at a time
     for _ in range(4 * len(bin_work)):
         heavy = max(range(dp_size), key=lambda r: (totals[r], -r))
         improved = False
@@ -271,13 +299,13 @@ def _assign_bins_to_ranks(bin_work: np.ndarray, dp_size: int) -> list[list[int]]
             diff = totals[heavy] - totals[light]
             if diff <= 0:
                 break
-            light_sorted = sorted(ranks[light], key=lambda b: (int(bin_work[b]), b))
-            light_values = [int(bin_work[b]) for b in light_sorted]
+            light_sorted = sorted(ranks[light], key=lambda b: (bin_work[b], b))
+            light_values = [bin_work[b] for b in light_sorted]
             best: Optional[tuple[int, int, int, int]] = None  # (gap, delta, heavy bin, light bin)
             for a in ranks[heavy]:
-                wa = int(bin_work[a])
+                wa = bin_work[a]
                 want = wa - diff / 2
-                centre = int(np.searchsorted(light_values, want))
+                centre = bisect.bisect_left(light_values, want)
                 for j in range(max(0, centre - 1), min(len(light_sorted), centre + 1)):
                     delta = wa - light_values[j]
                     if 0 < delta < diff:
@@ -297,6 +325,11 @@ def _assign_bins_to_ranks(bin_work: np.ndarray, dp_size: int) -> list[list[int]]
     return ranks
 
 
+#: Lightest ranks the heaviest one is paired with, in turn, per refinement step: each pairing
+#: is an O((g / dp)^2) NumPy search, and past the few lightest ranks it rarely applies.
+REFINE_PARTNERS = 4
+
+
 def _refine_ranks(
     parts: list[list[int]],
     ranks: list[list[int]],
@@ -307,15 +340,16 @@ def _refine_ranks(
     """Even out rank workloads below bin granularity: move or swap single groups between a bin
     of the heaviest rank and a bin of a lighter rank, never breaking the cap or emptying a bin.
 
-    Each step applies the single move or swap (over all bin pairs of the two ranks) that brings
+    Each step pairs the heaviest rank with the :data:`REFINE_PARTNERS` lightest in turn and
+    applies the single move or swap (over all bin pairs of the two ranks) that brings
     the two ranks' workloads closest to equal while strictly lowering the larger; bin counts per
     rank never change. Stops when the heaviest rank cannot be improved, or after ``2 g + 64``
     steps for g groups. O(steps * (g / dp)^2) vectorised.
     """
     parts = [list(p) for p in parts]
-    bin_tokens = np.array([int(tokens[p].sum()) for p in parts], dtype=np.int64)
-    bin_work = np.array([int(work[p].sum()) for p in parts], dtype=np.int64)
-    rank_work = np.array([int(bin_work[r].sum()) for r in ranks], dtype=np.int64)
+    bin_tokens = _part_sums(tokens, parts)
+    bin_work = _part_sums(work, parts)
+    rank_work = _part_sums(bin_work, ranks)
     dp = len(ranks)
     if dp < 2:
         return parts
@@ -328,7 +362,7 @@ def _refine_ranks(
         heavy = int(np.argmax(rank_work))
         order = np.lexsort((np.arange(dp), rank_work))
         applied = False
-        for light in order.tolist():
+        for light in order.tolist()[:REFINE_PARTNERS]:
             diff = int(rank_work[heavy] - rank_work[light])
             if diff <= 0:
                 break
@@ -491,7 +525,9 @@ def build_dp_schedule(
     _check_positive("num_batches_divided_by", num_batches_divided_by, optional=True)
     _check_positive("min_num_micro_batch", min_num_micro_batch, optional=True)
     groups = _groups(len(array), force_group_size, group_ids)
+    check_int64_sums(array, "default" if workload_fn is None else None)  # before the model could wrap
     work = _workloads(array, workload_fn)
+    check_int64_sums(array, work)
 
     over = np.flatnonzero(array > max_token_len)
     if over.size:
@@ -501,8 +537,8 @@ def build_dp_schedule(
             f"({over.size} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
             f"to at least {int(array.max())} or truncate those samples"
         )
-    group_tokens = np.array([int(array[g].sum()) for g in groups], dtype=np.int64)
-    group_work = np.array([int(work[g].sum()) for g in groups], dtype=np.int64)
+    group_tokens = _part_sums(array, groups)  # one NumPy pass each (exact: the guard above)
+    group_work = _part_sums(work, groups)
     over = np.flatnonzero(group_tokens > max_token_len)
     if over.size:
         index = int(over[0])
@@ -546,7 +582,7 @@ def build_dp_schedule(
 
     # Hand the micro-batches to ranks, then even out the ranks with group moves and swaps.
     parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
-    bin_work = np.array([int(group_work[part].sum()) for part in parts], dtype=np.int64)
+    bin_work = _part_sums(group_work, parts)
     ranks = _assign_bins_to_ranks(bin_work, dp_size)
     parts = _refine_ranks(parts, ranks, group_tokens, group_work, max_token_len)
     micro = [sorted(i for g in part for i in groups[g]) for part in parts]

@@ -60,3 +60,33 @@ def test_targets_and_markdown_render(smoke, tmp_path):
     run.write_markdown(out, run.results_markdown(rows, notes, lines, "python -m benchmarks.run --grid smoke", 1.0))
     text = out.read_text()
     assert text.count(run.RESULTS_BEGIN) == 1 and "hand-written text" in text
+
+
+def test_planning_cost_harness_runs_and_compares(tmp_path, capsys):
+    from benchmarks import planning_cost
+
+    record = tmp_path / "record.json"
+    assert planning_cost.main(["--families", "lognormal", "--sizes", "64", "--caps", "4096", "--repeats", "1",
+                               "--out", str(record)]) == 0
+    assert planning_cost.main(["--families", "lognormal", "--sizes", "64", "--caps", "4096", "--repeats", "1",
+                               "--compare", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "before: count" in out and "COUNT UP" not in out  # deterministic: the same count twice
+    assert planning_cost.main(["--table", str(record), str(record)]) == 0
+    assert "| lognormal | 64 | 4096 |" in capsys.readouterr().out
+
+
+def test_scale_and_driver_harnesses_run():
+    from benchmarks import driver_and_gather, scale
+
+    row = scale.one(3000, 4096)
+    assert row["bound"] <= row["count"] and row["peak_mb"] >= 0
+    lines = driver_and_gather.schedule_ratios(1, n=512, dp=4, cap=16384)
+    assert len(lines) == 5 and all(line.startswith("|") for line in lines)
+
+
+def test_exact_counts_harness_runs(capsys):
+    from benchmarks import exact_counts
+
+    assert exact_counts.main(["--cases", "300"]) == 0
+    assert "above the exact optimum on" in capsys.readouterr().out
