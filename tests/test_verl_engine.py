@@ -132,7 +132,7 @@ def assert_engine_path_correct(data, lengths, cap, micro_batches, indices, resul
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_verl_engine_path_with_seqbal(case):
     with seqbal_verl.installed():
-        assert engine_utils.rearrange_micro_batches is seqbal.rearrange_micro_batches
+        assert engine_utils.rearrange_micro_batches.__wrapped__ is seqbal.rearrange_micro_batches
         run = run_engine_path(case)
     assert_engine_path_correct(*run)
 
@@ -190,22 +190,29 @@ def test_install_reaches_earlier_and_later_importers_and_uninstall_undoes_both()
     early.rearrange_micro_batches = originals["rearrange"]
     sys.modules["early_importer"] = early
     try:
+        mine = types.ModuleType("uses_seqbal_itself")  # a user module: `from seqbal import ...`
+        mine.rearrange_micro_batches = seqbal.rearrange_micro_batches
+        sys.modules["uses_seqbal_itself"] = mine
         seqbal_verl.install()
-        assert early.rearrange_micro_batches is seqbal.rearrange_micro_batches
-        assert engine_utils.restore_dynamic_batch is seqbal_verl.restore_dynamic_batch
+        assert early.rearrange_micro_batches.__wrapped__ is seqbal.rearrange_micro_batches
+        assert engine_utils.restore_dynamic_batch.__wrapped__ is seqbal_verl.restore_dynamic_batch
         late = types.ModuleType("late_importer")
         late.rearrange_micro_batches = verl_balancing.rearrange_micro_batches  # a `from ... import` after install
         sys.modules["late_importer"] = late
-        assert late.rearrange_micro_batches is seqbal.rearrange_micro_batches
+        assert late.rearrange_micro_batches.__wrapped__ is seqbal.rearrange_micro_batches
         seqbal_verl.uninstall()
         for module in (early, late, engine_utils, verl_balancing):
             assert module.rearrange_micro_batches is originals["rearrange"]
         assert engine_utils.restore_dynamic_batch is originals["restore"]
+        # uninstall() must not hand verl's function to code that chose seqbal's (it once did, and
+        # every later test in the same process then ran verl's function under seqbal's name)
+        assert mine.rearrange_micro_batches is seqbal.rearrange_micro_batches
         assert not seqbal_verl.is_installed() and seqbal_verl.uninstall() == []
     finally:
         seqbal_verl.uninstall()
         sys.modules.pop("early_importer", None)
         sys.modules.pop("late_importer", None)
+        sys.modules.pop("uses_seqbal_itself", None)
 
 
 @needs_verl

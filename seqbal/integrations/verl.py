@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import sys
 from typing import Any, Iterator, Optional
@@ -49,17 +50,27 @@ _REPLACED_NAMES = ("rearrange_micro_batches", "restore_dynamic_batch", "get_reve
 
 # verl's original functions, by name, kept while installed so that uninstall() can restore them.
 _originals: dict[str, Any] = {}
+# The functions install() binds, by name: thin wrappers made once per process. Being objects of
+# their own, they tell uninstall() exactly what install() put in place, so a module that
+# imported seqbal's functions itself (``from seqbal import rearrange_micro_batches``) keeps them.
+_wrappers: dict[str, Any] = {}
 
 
 def _replacements() -> dict[str, Any]:
-    from .. import rearrange
+    if not _wrappers:
+        from .. import rearrange
 
-    return {
-        "rearrange_micro_batches": rearrange.rearrange_micro_batches,
-        "restore_dynamic_batch": restore_dynamic_batch,
-        "get_reverse_idx": rearrange.get_reverse_idx,
-        "prepare_dynamic_batch": prepare_dynamic_batch,
-    }
+        targets = {
+            "rearrange_micro_batches": rearrange.rearrange_micro_batches,
+            "restore_dynamic_batch": restore_dynamic_batch,
+            "get_reverse_idx": rearrange.get_reverse_idx,
+            "prepare_dynamic_batch": prepare_dynamic_batch,
+        }
+        for name, target in targets.items():
+            _wrappers[name] = functools.wraps(target)(
+                lambda *args, _target=target, **kwargs: _target(*args, **kwargs)
+            )
+    return _wrappers
 
 
 def _import_verl_module():
