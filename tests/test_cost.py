@@ -122,3 +122,106 @@ def test_deterministic() -> None:
     longest = rng.integers(1, 3000, 500).tolist()
     first = padded_partitions(longest, 1, 8192, 200)
     assert first == padded_partitions(list(longest), 1, 8192, 200)
+
+
+# ---------------------------------------------------------------------------------------------
+# Every planning entry point under every cost model
+# ---------------------------------------------------------------------------------------------
+
+from seqbal import plan_data_parallel, plan_micro_batches  # noqa: E402
+
+from .invariants import assert_plan_invariants, micro_batch_cost  # noqa: E402
+
+_MODELS = st.sampled_from(
+    [None, "tokens", "padded", CostModel(round_to=8), CostModel(pack_round_to=16),
+     CostModel(round_to=4, pack_round_to=8), CostModel(padded=True, round_to=8)]
+)
+
+
+def _fits(lengths: list[int], cap: int, model, group_size: int) -> bool:
+    groups = [lengths[i:i + group_size] for i in range(0, len(lengths), group_size)]
+    return all(micro_batch_cost(group, model) <= cap for group in groups)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.data(),
+    model=_MODELS,
+    group_size=st.integers(1, 3),
+    divisor=st.one_of(st.none(), st.integers(1, 3)),
+    minimum=st.one_of(st.none(), st.integers(1, 6)),
+)
+def test_plan_keeps_every_guarantee_under_every_cost_model(data, model, group_size, divisor, minimum) -> None:
+    groups = data.draw(st.integers(1, 12))
+    lengths = data.draw(st.lists(st.integers(0, 300), min_size=groups * group_size, max_size=groups * group_size))
+    cap = data.draw(st.integers(1, 1200))
+    kwargs = dict(force_group_size=group_size, num_batches_divided_by=divisor, min_num_micro_batch=minimum,
+                  cost_model=model)
+    try:
+        parts = plan_micro_batches(lengths, cap, **kwargs)
+    except ValueError as error:
+        message = str(error)
+        if not _fits(lengths, cap, model, group_size):
+            assert "exceeds max_token_len" in message
+        else:
+            assert message.startswith("Cannot satisfy max_token_len"), message
+        return
+    assert_plan_invariants(lengths, parts, cap, force_group_size=group_size, num_batches_divided_by=divisor,
+                           min_num_micro_batch=minimum, cost_model=model)
+    assert parts == plan_micro_batches(list(lengths), cap, **kwargs)  # deterministic
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=7), slack=st.integers(0, 80),
+       round_to=st.sampled_from([1, 4]))
+def test_padded_count_is_the_exact_optimum_through_plan_micro_batches(lengths, slack, round_to) -> None:
+    model = CostModel(padded=True, round_to=round_to)
+    cap = micro_batch_cost([max(lengths)], model) + slack
+    optimum = min(
+        len(p) for p in _set_partitions(list(range(len(lengths))))
+        if all(micro_batch_cost([lengths[i] for i in part], model) <= cap for part in p)
+    )
+    assert len(plan_micro_batches(lengths, cap, cost_model=model)) == optimum
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), model=_MODELS, world=st.integers(1, 4))
+def test_plan_data_parallel_agrees_under_every_cost_model(data, model, world) -> None:
+    ranks = [data.draw(st.lists(st.integers(1, 200), min_size=4, max_size=20)) for _ in range(world)]
+    cap = 1024
+    plans = plan_data_parallel(ranks, cap, cost_model=model)
+    assert len({len(parts) for parts in plans}) == 1
+    for lengths, parts in zip(ranks, plans):
+        assert_plan_invariants(lengths, parts, cap, cost_model=model)
+
+
+def test_padded_plan_bounds_padded_memory_where_the_token_plan_does_not() -> None:
+    # One long sample and many short ones: the token cost mixes them (balanced workload), so a
+    # padded forward of such a micro-batch holds samples x longest, far over the cap.
+    lengths = [3000] * 4 + [200] * 60
+    cap = 4096
+    token_plan = plan_micro_batches(lengths, cap)
+    padded_plan = plan_micro_batches(lengths, cap, cost_model="padded")
+    worst_token = max(micro_batch_cost([lengths[i] for i in p], "padded") for p in token_plan)
+    assert worst_token > cap
+    assert max(micro_batch_cost([lengths[i] for i in p], "padded") for p in padded_plan) <= cap
+    assert len(padded_plan) == 4 + 3  # each long sample alone; 60 short ones, 20 per micro-batch
+
+
+def test_errors_name_the_cost_model() -> None:
+    with pytest.raises(ValueError, match=r"sample 0 has 9 tokens \(16 after rounding, under the token cost"):
+        plan_micro_batches([9], 12, cost_model=CostModel(round_to=8))
+    with pytest.raises(ValueError, match=r"forced group exceeds max_token_len: group 0 .* costing 14 under the padded"):
+        plan_micro_batches([6, 7], 12, cost_model="padded", force_group_size=2)
+    with pytest.raises(ValueError, match="Cannot satisfy max_token_len=12 under the padded cost"):
+        plan_micro_batches([6, 6, 6], 12, cost_model="padded", min_num_micro_batch=4)
+    with pytest.raises(ValueError, match="cost_model must be 'tokens', 'padded'"):
+        plan_micro_batches([6, 7], 12, cost_model="pad")
+
+
+def test_the_default_cost_model_changes_nothing() -> None:
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 4000, 300).tolist()
+    expected = plan_micro_batches(lengths, 8192)
+    assert plan_micro_batches(lengths, 8192, cost_model="tokens") == expected
+    assert plan_micro_batches(lengths, 8192, cost_model=CostModel()) == expected
