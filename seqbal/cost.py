@@ -120,6 +120,17 @@ class CostModel:
             return len(rounded) * max(rounded)
         return -(-sum(rounded) // self.pack_round_to) * self.pack_round_to
 
+    def group_costs(self, lengths: np.ndarray, group_size: int) -> np.ndarray:
+        """Cost of each run of ``group_size`` consecutive samples as one micro-batch (int64). O(n).
+
+        >>> CostModel(padded=True).group_costs(np.array([5, 3, 2, 2]), 2).tolist()
+        [10, 4]
+        """
+        rounded = self.rounded(np.asarray(lengths, dtype=np.int64)).reshape(-1, group_size)
+        if self.padded:
+            return group_size * rounded.max(axis=1)
+        return -(-rounded.sum(axis=1) // self.pack_round_to) * self.pack_round_to
+
     def part_costs(self, lengths: Sequence[int], parts: Sequence[Sequence[int]]) -> list[int]:
         """Cost of every micro-batch, ``parts`` being index lists into ``lengths``. O(n)."""
         values = [int(s) for s in lengths]

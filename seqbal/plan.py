@@ -309,8 +309,8 @@ def _local_plan(
         raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_BATCH) from None
     group_tokens = measured.reshape(-1, g).sum(axis=1)
     group_longest = measured.reshape(-1, g).max(axis=1)
-    group_costs = g * group_longest if cost_model.padded else group_tokens
-    over = np.flatnonzero(group_costs > sample_capacity)
+    group_costs = cost_model.group_costs(lengths, g)
+    over = np.flatnonzero(group_costs > max_token_len)
     if over.size:
         index = int(over[0])
         cost = "" if cost_model.is_default else f", costing {int(group_costs[index])} under the {cost_model}"
