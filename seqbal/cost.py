@@ -223,12 +223,13 @@ def padded_partitions(
     capacity: int,
     k: int,
     *,
-    workload_of_length: Callable[[int], int] = lambda s: int(calculate_workload([s])[0]),
+    workload_fn: Callable[[np.ndarray], np.ndarray] = calculate_workload,
 ) -> Optional[list[list[int]]]:
     """``k`` micro-batches of groups, each of padded cost ``<= capacity``, balanced on padded work.
 
-    A micro-batch's padded workload is ``samples * workload_of_length(longest)`` (attention and
-    linear layers run on the padded shape). Runs of the length-sorted order; the largest run
+    A micro-batch's padded workload is ``samples * workload_fn(longest)`` (attention and linear
+    layers run on the padded shape; ``workload_fn`` maps an int64 array of lengths to their
+    workloads, :func:`~seqbal.calculate_workload` by default). Runs of the length-sorted order; the largest run
     workload is minimised by bisection (each probe a greedy of O(k)), then runs are split,
     heaviest first, until there are exactly ``k``. Returns ``None`` when ``k`` is below
     :func:`padded_min_count` or above the number of groups. Deterministic.
@@ -252,13 +253,13 @@ def padded_partitions(
     fits = _fit_counts(longest[order], group_size, capacity).tolist()
     if min(fits) < 1 or len(_runs_under(fits, lambda a, b: 0, None, total)) > k:
         return None
-    head_work = [workload_of_length(s) for s in heads]
+    head_work = [int(w) for w in workload_fn(longest[order])]
 
     def run_work(start: int, stop: int) -> int:
         return (stop - start) * group_size * head_work[start]
 
     # The bottleneck lies between the heaviest single group and the heaviest cap-fitting run.
-    low = max(run_work(i, i + 1) for i in range(total))
+    low = group_size * max(head_work)
     high = max(run_work(a, b) for a, b in _runs_under(fits, run_work, None, total))
     while low < high:  # invariant: the runs under ``high`` number at most k
         middle = (low + high) // 2

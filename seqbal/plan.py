@@ -322,6 +322,9 @@ def _local_plan(
         )
     step = num_batches_divided_by or 1
     min_count = min_num_micro_batch or 1
+    # A cap below the packed rounding leaves room only for empty samples (checked above), which
+    # fit any positive capacity: the partitioner needs one.
+    sample_capacity = max(sample_capacity, 1)
     if cost_model.padded:
         group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
