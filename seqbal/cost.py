@@ -26,6 +26,7 @@ data-parallel agreement relies on for the token model.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
@@ -169,57 +170,85 @@ def _sorted_heads(group_longest: np.ndarray) -> np.ndarray:
     return np.lexsort((np.arange(len(group_longest)), -group_longest))
 
 
-def _fit_counts(head_lengths: np.ndarray, group_size: int, capacity: int) -> np.ndarray:
-    """How many groups a run headed by each sorted position may hold under the cap (a run of
-    empty samples costs nothing, so it may hold them all)."""
-    unlimited = len(head_lengths)
-    return np.where(head_lengths > 0, capacity // (group_size * np.maximum(head_lengths, 1)), unlimited)
+class _Runs:
+    """Groups in length-sorted order, with what a run ``[a, b)`` of them holds and costs.
+
+    A run's padded cost is its samples times its first (longest) length; its padded workload is
+    its samples times the workload of that length.
+    """
+
+    def __init__(
+        self,
+        group_longest: Sequence[int],
+        group_sizes: Union[int, Sequence[int]],
+        capacity: int,
+        workload_fn: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+    ) -> None:
+        longest = np.asarray(group_longest, dtype=np.int64)
+        self.total = len(longest)
+        self.order = _sorted_heads(longest)
+        sizes = np.broadcast_to(np.asarray(group_sizes, dtype=np.int64), longest.shape)[self.order]
+        heads = longest[self.order]
+        self.heads = heads.tolist()
+        self.sizes = sizes.tolist()
+        prefix = np.concatenate(([0], np.cumsum(sizes)))
+        self.prefix = prefix.tolist()
+        # The longest run from each position that fits the cap: samples <= capacity // head
+        # (a run of empty samples costs nothing, so it may take every group left).
+        room = np.where(heads > 0, capacity // np.maximum(heads, 1), prefix[-1])
+        ends = np.searchsorted(prefix, prefix[:-1] + room, side="right") - 1
+        self.fit_end = np.minimum(ends, self.total).tolist()
+        self.head_work = [int(w) for w in workload_fn(heads)] if workload_fn is not None else None
+
+    def fits_alone(self) -> bool:
+        return all(end > start for start, end in enumerate(self.fit_end))
+
+    def work(self, start: int, stop: int) -> int:
+        assert self.head_work is not None
+        return (self.prefix[stop] - self.prefix[start]) * self.head_work[start]
+
+    def greedy(self, limit: Optional[int] = None) -> list[tuple[int, int]]:
+        """Maximal runs ``(start, stop)`` that fit the cap and, if given, have workload <= limit."""
+        runs, position = [], 0
+        while position < self.total:
+            stop = self.fit_end[position]
+            per_sample = self.head_work[position] if limit is not None else 0
+            if per_sample:
+                samples = limit // per_sample
+                stop = min(stop, max(position + 1, bisect.bisect_right(self.prefix, self.prefix[position] + samples) - 1))
+            runs.append((position, stop))
+            position = stop
+        return runs
 
 
-def padded_min_count(group_longest: Sequence[int], group_size: int, capacity: int) -> int:
-    """Fewest micro-batches of padded cost ``<= capacity`` (exact, not a bound).
+def padded_min_count(group_longest: Sequence[int], group_size: Union[int, Sequence[int]], capacity: int) -> int:
+    """Fewest micro-batches of padded cost ``<= capacity``: exact when groups have equal sizes.
 
-    ``group_longest[i]`` is the longest (rounded) sample of forced group ``i``; a micro-batch of
-    ``t`` groups costs ``t * group_size * (its longest)``. Every group must fit on its own.
-    Greedy over the runs of the length-sorted order, optimal by the argument in the module
-    docstring. O(n log n) for the sort, O(count) after.
+    ``group_longest[i]`` is the longest (rounded) sample of group ``i`` and ``group_size`` its
+    number of samples (one int for all groups, or one per group); a micro-batch costs its
+    samples times its longest. Greedy over the runs of the length-sorted order, optimal for
+    equal group sizes by the argument in the module docstring (with unequal sizes, a feasible
+    count, not always the least). O(n log n).
+
+    Raises:
+        ValueError: a group that does not fit on its own.
 
     >>> padded_min_count([10, 2, 2, 2, 9, 3], 1, 20)  # [10, 9] [3, 2, 2, 2]
     2
     """
-    longest = np.asarray(group_longest, dtype=np.int64)
-    heads = longest[_sorted_heads(longest)]
-    fits = _fit_counts(heads, group_size, capacity).tolist()
-    count, position = 0, 0
-    while position < len(heads):
-        if fits[position] < 1:
+    runs = _Runs(group_longest, group_size, capacity)
+    for position, end in enumerate(runs.fit_end):
+        if end <= position:
+            size, head = runs.sizes[position], runs.heads[position]
             raise ValueError(
-                f"a group of {group_size} sample(s) padded to {int(heads[position])} tokens costs "
-                f"{group_size * int(heads[position])} > capacity {capacity}"
+                f"a group of {size} sample(s) padded to {head} tokens costs {size * head} > capacity {capacity}"
             )
-        position += fits[position]
-        count += 1
-    return count
-
-
-def _runs_under(
-    fits: list[int], run_work: Callable[[int, int], int], limit: Optional[int], total: int
-) -> list[tuple[int, int]]:
-    """Greedy maximal runs ``(start, stop)`` that fit the cap and, if given, workload ``<= limit``."""
-    runs, position = [], 0
-    while position < total:
-        stop = min(total, position + fits[position])
-        if limit is not None:
-            per_group = run_work(position, position + 1)
-            stop = min(stop, position + max(1, limit // per_group if per_group else total))
-        runs.append((position, stop))
-        position = stop
-    return runs
+    return len(runs.greedy())
 
 
 def padded_partitions(
     group_longest: Sequence[int],
-    group_size: int,
+    group_size: Union[int, Sequence[int]],
     capacity: int,
     k: int,
     *,
@@ -229,12 +258,13 @@ def padded_partitions(
 
     A micro-batch's padded workload is ``samples * workload_fn(longest)`` (attention and linear
     layers run on the padded shape; ``workload_fn`` maps an int64 array of lengths to their
-    workloads, :func:`~seqbal.calculate_workload` by default). Runs of the length-sorted order; the largest run
-    workload is minimised by bisection (each probe a greedy of O(k)), then runs are split,
-    heaviest first, until there are exactly ``k``. Returns ``None`` when ``k`` is below
-    :func:`padded_min_count` or above the number of groups. Deterministic.
+    workloads, :func:`~seqbal.calculate_workload` by default). The micro-batches are runs of
+    the length-sorted order: the largest run workload is minimised by bisection (each probe a
+    greedy of O(k log n)), then runs are split, heaviest first, until there are exactly ``k``.
+    Returns ``None`` when ``k`` is below the greedy count (:func:`padded_min_count`) or above the
+    number of groups. Deterministic.
 
-    Complexity: O(n log n + k log W) with W the largest run workload.
+    Complexity: O(n log n + k log n log W) with W the largest run workload.
 
     Returns:
         ``k`` lists of group indices, each ascending, heaviest run first.
@@ -244,32 +274,23 @@ def padded_partitions(
     >>> padded_partitions([10, 2, 2, 2, 9, 3], 1, 20, 1) is None
     True
     """
-    longest = np.asarray(group_longest, dtype=np.int64)
-    total = len(longest)
-    if k < 1 or k > total:
+    if k < 1 or k > len(group_longest):
         return None
-    order = _sorted_heads(longest)
-    heads = longest[order].tolist()
-    fits = _fit_counts(longest[order], group_size, capacity).tolist()
-    if min(fits) < 1 or len(_runs_under(fits, lambda a, b: 0, None, total)) > k:
+    runs = _Runs(group_longest, group_size, capacity, workload_fn)
+    if not runs.fits_alone() or len(runs.greedy()) > k:
         return None
-    head_work = [int(w) for w in workload_fn(longest[order])]
-
-    def run_work(start: int, stop: int) -> int:
-        return (stop - start) * group_size * head_work[start]
-
     # The bottleneck lies between the heaviest single group and the heaviest cap-fitting run.
-    low = group_size * max(head_work)
-    high = max(run_work(a, b) for a, b in _runs_under(fits, run_work, None, total))
+    low = max(size * work for size, work in zip(runs.sizes, runs.head_work))
+    high = max(runs.work(a, b) for a, b in runs.greedy())
     while low < high:  # invariant: the runs under ``high`` number at most k
         middle = (low + high) // 2
-        if len(_runs_under(fits, run_work, middle, total)) <= k:
+        if len(runs.greedy(middle)) <= k:
             high = middle
         else:
             low = middle + 1
-    runs = _runs_under(fits, run_work, high, total)
+    chosen = runs.greedy(high)
     # Split the heaviest splittable run in halves until there are k (never raises a cost).
-    heap = [(-run_work(a, b), a, b) for a, b in runs]
+    heap = [(-runs.work(a, b), a, b) for a, b in chosen]
     heapq.heapify(heap)
     done: list[tuple[int, int]] = []
     while len(heap) + len(done) < k:
@@ -278,8 +299,8 @@ def padded_partitions(
             done.append((a, b))
             continue
         middle = (a + b + 1) // 2
-        heapq.heappush(heap, (-run_work(a, middle), a, middle))
-        heapq.heappush(heap, (-run_work(middle, b), middle, b))
-    runs = sorted(done + [(a, b) for _, a, b in heap], key=lambda run: (-run_work(*run), run[0]))
-    order_list = order.tolist()
-    return [sorted(order_list[a:b]) for a, b in runs]
+        heapq.heappush(heap, (-runs.work(a, middle), a, middle))
+        heapq.heappush(heap, (-runs.work(middle, b), middle, b))
+    final = sorted(done + [(a, b) for _, a, b in heap], key=lambda run: (-runs.work(*run), run[0]))
+    order = runs.order.tolist()
+    return [sorted(order[a:b]) for a, b in final]

@@ -99,6 +99,24 @@ def test_padded_count_is_the_exact_optimum_and_monotone(longest: list[int], grou
         assert all(_padded_cost(longest, group_size, part) <= capacity for part in parts)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    groups=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 4)), min_size=1, max_size=12),
+    slack=st.integers(0, 100),
+)
+def test_padded_partitions_with_unequal_group_sizes_keep_the_cap(groups, slack) -> None:
+    longest = [length for length, _ in groups]
+    sizes = [size for _, size in groups]
+    capacity = max(length * size for length, size in groups) + slack
+    found = padded_min_count(longest, sizes, capacity)
+    for k in range(found, len(groups) + 1):
+        parts = padded_partitions(longest, sizes, capacity, k)
+        assert parts is not None and len(parts) == k
+        assert sorted(i for part in parts for i in part) == list(range(len(groups)))
+        for part in parts:
+            assert sum(sizes[i] for i in part) * max(longest[i] for i in part) <= capacity
+
+
 def test_padded_balance_beats_the_greedy_fill_on_an_uneven_batch() -> None:
     # 8 long samples and 56 short ones at a count well above the minimum: balancing the padded
     # workload must spread the long samples instead of filling runs to the cap.
