@@ -93,8 +93,11 @@ def assert_schedule_invariants(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     rebuild=None,
+    cost_model=None,
 ) -> None:
     """Assert every guarantee of ``build_dp_schedule`` (issue 5) for one returned DPSchedule.
+
+    ``cost_model`` is what the call was given; the cap is checked on that cost.
 
     ``rebuild``, if given, is a zero-argument callable that builds the schedule again from the
     same input; the result must be identical (determinism).
@@ -116,8 +119,8 @@ def assert_schedule_invariants(
         for position, mb in enumerate(mbs):
             assert len(mb) > 0, f"rank {rank} micro-batch {position} is empty"
             assert list(mb) == sorted(mb), f"rank {rank} micro-batch {position} not ascending: {mb}"
-            tokens = int(lengths[list(mb)].sum())
-            assert tokens <= max_token_len, f"rank {rank} micro-batch {position}: {tokens} tokens > cap {max_token_len}"
+            cost = micro_batch_cost(lengths[list(mb)].tolist(), cost_model)
+            assert cost <= max_token_len, f"rank {rank} micro-batch {position} costs {cost} > cap {max_token_len}"
             for i in mb:
                 where[i] = (rank, position)
         # per rank, the flattened micro-batches tile its sample list in order

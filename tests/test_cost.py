@@ -243,3 +243,40 @@ def test_the_default_cost_model_changes_nothing() -> None:
     expected = plan_micro_batches(lengths, 8192)
     assert plan_micro_batches(lengths, 8192, cost_model="tokens") == expected
     assert plan_micro_batches(lengths, 8192, cost_model=CostModel()) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver-side schedule under every cost model
+# ---------------------------------------------------------------------------------------------
+
+from seqbal import build_dp_schedule  # noqa: E402
+
+from .invariants import assert_schedule_invariants  # noqa: E402
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), model=_MODELS, dp_size=st.integers(1, 3), group_size=st.integers(1, 2))
+def test_build_dp_schedule_keeps_the_cap_under_every_cost_model(data, model, dp_size, group_size) -> None:
+    groups = data.draw(st.integers(dp_size, 16))
+    lengths = data.draw(st.lists(st.integers(1, 300), min_size=groups * group_size, max_size=groups * group_size))
+    cap = data.draw(st.integers(600, 2000))
+    try:
+        schedule = build_dp_schedule(lengths, dp_size, cap, force_group_size=group_size, cost_model=model)
+    except ValueError as error:
+        assert str(error).startswith("Cannot satisfy max_token_len"), error
+        return
+    assert_schedule_invariants(lengths, schedule, cap, dp_size, force_group_size=group_size, cost_model=model,
+                               rebuild=lambda: build_dp_schedule(lengths, dp_size, cap, force_group_size=group_size,
+                                                                 cost_model=model))
+
+
+def test_padded_schedule_uses_the_exact_global_count_and_balances_ranks() -> None:
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(100, 4000, 512).tolist()
+    schedule = build_dp_schedule(lengths, 8, 16384, cost_model="padded")
+    runs = padded_min_count(lengths, 1, 16384)
+    assert schedule.num_micro_batches == -(-runs // 8)
+    padded = CostModel(padded=True)
+    assert all(padded.cost([lengths[i] for i in mb]) <= 16384 for rank in schedule.micro_batches for mb in rank)
+    with pytest.raises(ValueError, match="sample 0 has 100 tokens under the padded cost"):
+        build_dp_schedule([100, 1], 1, 99, cost_model="padded")
