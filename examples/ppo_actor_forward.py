@@ -6,10 +6,14 @@ Run:  torchrun --nproc_per_node=2 examples/ppo_actor_forward.py
 
 What a PPO/GRPO actor does when it recomputes old log-probs, step by step:
   1. each data-parallel rank holds a rollout batch: left-padded prompts, right-padded responses;
-  2. ``rearrange_micro_batches`` splits it under a hard token cap; with ``dp_group`` every rank
+  2. ``rearrange_micro_batches`` splits it under a hard cap; with ``dp_group`` every rank
      runs the same number of micro-batches (two all-reduces, whatever the data);
   3. each micro-batch is un-padded to its own longest sequence (this is where the saving is:
-     a micro-batch of short samples no longer carries the padding of the batch's longest);
+     a micro-batch of short samples no longer carries the padding of the batch's longest).
+     The forward is then a padded one: it holds ``samples x longest`` tokens, so the plan uses
+     ``cost_model="padded"`` and the cap bounds exactly that (the default token cost would let
+     a micro-batch mix one long and many short samples, several times over the cap once
+     padded; a remove-padding forward keeps the default);
   4. the per-sample log-probs are concatenated and put back in rollout order with
      ``restore_dynamic_batch``;
   5. the result is checked against one forward of the whole padded batch.
@@ -123,23 +127,27 @@ def micro_batch_log_probs(model: TinyCausalLM, micro_batch: TensorDict) -> torch
 
 
 def format_table(rank: int, micro_batches: list[TensorDict], cap: int, own_count: int, max_abs_error: float) -> str:
+    """Per micro-batch: real tokens, and ``samples x longest``, what the padded forward holds
+    (the cost the cap bounds), with the share of the rank's padded workload."""
     lengths = [mb["attention_mask"].sum(-1).cpu() for mb in micro_batches]
-    workloads = [int(calculate_workload(l).sum()) for l in lengths]
+    padded = [len(l) * int(l.max()) for l in lengths]
+    workloads = [len(l) * int(calculate_workload(l.max())) for l in lengths]
     total_work = sum(workloads)
     lines = [
         f"rank {rank}: {len(micro_batches)} micro-batches ({own_count} if it planned alone), "
         f"max |error| vs full batch = {max_abs_error:.2e}",
-        f"{'micro-batch':>11}  {'samples':>7}  {'tokens':>6}  {'cap':>4}  {'workload share':>14}",
+        f"{'micro-batch':>11}  {'samples':>7}  {'tokens':>6}  {'samples x longest':>17}  {'cap':>4}  {'workload share':>14}",
     ]
-    for i, (l, work) in enumerate(zip(lengths, workloads)):
-        lines.append(f"{i:>11}  {len(l):>7}  {int(l.sum()):>6}  {cap:>4}  {work / total_work:>14.1%}")
+    for i, (l, area, work) in enumerate(zip(lengths, padded, workloads)):
+        lines.append(f"{i:>11}  {len(l):>7}  {int(l.sum()):>6}  {area:>17}  {cap:>4}  {work / total_work:>14.1%}")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=16, help="samples per rank (default 16)")
-    parser.add_argument("--max-token-len", type=int, default=64, help="hard cap per micro-batch (default 64)")
+    parser.add_argument("--max-token-len", type=int, default=64,
+                        help="hard cap on samples x longest per micro-batch (default 64)")
     args = parser.parse_args()
 
     device, backend = init_distributed()
@@ -149,7 +157,9 @@ def main() -> int:
     batch = rollout_batch(rank, args.batch_size, max_prompt=12, max_response=20, vocab=97, device=device)
 
     with torch.no_grad():
-        micro_batches, indices = rearrange_micro_batches(batch, max_token_len=args.max_token_len, dp_group=dist.group.WORLD)
+        micro_batches, indices = rearrange_micro_batches(
+            batch, max_token_len=args.max_token_len, dp_group=dist.group.WORLD, cost_model="padded"
+        )
         outputs = [micro_batch_log_probs(model, mb) for mb in micro_batches]
         log_probs = restore_dynamic_batch(torch.cat(outputs), indices)
         reference = full_batch_log_probs(model, batch)
@@ -160,7 +170,7 @@ def main() -> int:
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
 
     # What this rank would do without the agreement (no dp_group: no collective, own count).
-    own_count = len(plan_micro_batches(batch["attention_mask"].sum(-1), args.max_token_len))
+    own_count = len(plan_micro_batches(batch["attention_mask"].sum(-1), args.max_token_len, cost_model="padded"))
     table = format_table(rank, micro_batches, args.max_token_len, own_count, float(error.max()))
     tables = [None] * world
     dist.all_gather_object(tables, table)

@@ -28,6 +28,7 @@ _EXPORTS = {
     "plan_micro_batches": "plan",
     "plan_data_parallel": "plan",
     "MicroBatchPlanError": "plan",
+    "CostModel": "cost",
     "get_seqlen_balanced_partitions": "partition",
     "karmarkar_karp": "partition",
     "ceildiv": "partition",
@@ -64,6 +65,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy look-up
+    from .cost import CostModel
     from .metrics import log_seqlen_unbalance, micro_batch_summary
     from .partition import (
         best_fit_decreasing_partitions,

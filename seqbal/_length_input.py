@@ -19,6 +19,8 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
+from .cost import CostModel
+
 __all__ = [
     "DEFAULT_SAMPLE", "MAX_INT64", "InputError", "Lengths", "read_lengths", "check_workload_range", "check_groups_fit",
 ]
@@ -309,8 +311,9 @@ def check_workload_range(lengths: Lengths) -> None:
         )
 
 
-def check_groups_fit(lengths: Lengths, max_token_len: int, group_size: int) -> None:
-    """Every sample (or forced group of ``group_size`` consecutive samples) fits under the cap.
+def check_groups_fit(lengths: Lengths, max_token_len: int, group_size: int, cost_model: Optional[CostModel] = None) -> None:
+    """Every sample (or forced group of ``group_size`` consecutive samples) fits under the cap,
+    costed by ``cost_model`` (effective tokens by default).
 
     Checked on the whole input before it is split over ranks, so the message can name the places
     in the user's file, not rank-local or post-shuffle indices.
@@ -323,7 +326,8 @@ def check_groups_fit(lengths: Lengths, max_token_len: int, group_size: int) -> N
     n, g = len(values), group_size
     if n % g:
         raise InputError(f"--group-size {g} does not divide the number of samples {n} (remainder {n % g})")
-    tokens = values.reshape(-1, g).sum(axis=1)
+    cost_model = cost_model or CostModel()
+    tokens = cost_model.group_costs(values, g)
     over = np.flatnonzero(tokens > max_token_len)
     if not over.size:
         return
@@ -332,7 +336,9 @@ def check_groups_fit(lengths: Lengths, max_token_len: int, group_size: int) -> N
     listed = ", ".join(lengths.span(i * g, i * g + g - 1) for i in over[:5].tolist())
     more = f" and {over.size - 5} more" if over.size > 5 else ""
     advice = f"raise --max-token-len to at least {int(tokens[largest])}" + (" or lower --group-size" if g > 1 else "")
+    size = f"has {int(tokens[largest])} tokens" if cost_model.is_default else (
+        f"costs {int(tokens[largest])} under the {cost_model}")
     raise InputError(
-        f"{over.size} {what} over --max-token-len {max_token_len}; the largest has {int(tokens[largest])} tokens "
+        f"{over.size} {what} over --max-token-len {max_token_len}; the largest {size} "
         f"({lengths.span(largest * g, largest * g + g - 1)}); over: {listed}{more}; {advice}"
     )

@@ -45,6 +45,7 @@ from ._length_input import (
     check_workload_range,
     read_lengths,
 )
+from .cost import CostModel
 from .metrics import micro_batch_summary
 from .plan import plan_data_parallel
 
@@ -94,6 +95,7 @@ def split_over_ranks(
     max_token_len: Optional[int] = None,
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
+    cost_model: Optional[CostModel] = None,
 ) -> RankSplit:
     """Deal ``lengths`` out to ``dp`` ranks in whole forced groups, the way a trainer would.
 
@@ -136,6 +138,7 @@ def split_over_ranks(
         schedule = build_dp_schedule(
             ordered, dp, max_token_len, force_group_size=group_size,
             num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
+            cost_model=cost_model,
         )
         positions = [np.asarray(r, dtype=np.int64) for r in schedule.rank_indices]
         return RankSplit(
@@ -152,6 +155,7 @@ def simulate_ranks(
     force_group_size: int = 1,
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
+    cost_model: Optional[CostModel] = None,
 ) -> list[list[list[int]]]:
     """What synced ranks decide: :func:`~seqbal.plan_data_parallel`, the library's own protocol
     with the all-reduces replaced by a max/min over the simulated ranks.
@@ -166,6 +170,7 @@ def simulate_ranks(
         min_num_micro_batch=min_num_micro_batch,
         use_dynamic_bsz_balance=False,
         force_group_size=force_group_size,
+        cost_model=cost_model,
     )
 
 
@@ -174,10 +179,14 @@ def simulate_ranks(
 # ---------------------------------------------------------------------------------------------
 
 
-def _rank_rows(rank_lengths: Sequence[np.ndarray], plans: Sequence[list[list[int]]], cap: int) -> list[dict[str, Any]]:
+def _rank_rows(
+    rank_lengths: Sequence[np.ndarray], plans: Sequence[list[list[int]]], cap: int, cost_model: Optional[CostModel] = None
+) -> list[dict[str, Any]]:
+    cost_model = cost_model or CostModel()
     rows = []
     for rank, (lengths, parts) in enumerate(zip(rank_lengths, plans)):
         summary = micro_batch_summary(lengths, parts, cap)
+        costs = cost_model.part_costs(lengths, parts)
         rows.append(
             {
                 "rank": rank,
@@ -188,6 +197,8 @@ def _rank_rows(rank_lengths: Sequence[np.ndarray], plans: Sequence[list[list[int
                 "fill": float(summary["fill"]),
                 "workload_imbalance": float(summary["workload_imbalance"]),
                 "largest_micro_batch": int(summary["max_tokens"]),
+                "largest_cost": max(costs),
+                "over_cap": sum(cost > cap for cost in costs),
                 "micro_batch_tokens": [int(t) for t in summary["tokens"]],
             }
         )
@@ -206,12 +217,14 @@ _COLUMNS = [
 ]
 
 
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Fixed-width table of the per-rank rows (fill shown as a percentage)."""
-    cells = [[title for _, title, _ in _COLUMNS]]
+def format_table(rows: Sequence[dict[str, Any]], *, with_cost: bool = False) -> str:
+    """Fixed-width table of the per-rank rows (fill shown as a percentage); ``with_cost`` adds
+    the largest micro-batch cost under a cost model other than effective tokens."""
+    columns = _COLUMNS + ([("largest_cost", "largest cost", "{}")] if with_cost else [])
+    cells = [[title for _, title, _ in columns]]
     for row in rows:
-        cells.append([fmt.format(row[key]).replace("%", "") if key == "fill" else fmt.format(row[key]) for key, _, fmt in _COLUMNS])
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+        cells.append([fmt.format(row[key]).replace("%", "") if key == "fill" else fmt.format(row[key]) for key, _, fmt in columns])
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
@@ -285,6 +298,7 @@ def _seqbal_on(split: RankSplit, args: argparse.Namespace) -> list[list[list[int
     return simulate_ranks(
         split.lengths, args.max_token_len, force_group_size=args.group_size,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
+        cost_model=args.cost_model,
     )
 
 
@@ -292,6 +306,7 @@ def _split(lengths: Lengths, args: argparse.Namespace, route: str) -> RankSplit:
     return split_over_ranks(
         lengths.values, args.dp, args.group_size, args.seed, route, max_token_len=args.max_token_len,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
+        cost_model=args.cost_model,
     )
 
 
@@ -303,7 +318,7 @@ def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None
     """Read, split, plan with seqbal and (when compared) with verl's loops; the dict ``--json`` prints."""
     lengths = read_lengths(args.file, field=args.field, column=args.column, stdin=stdin)
     check_workload_range(lengths)
-    check_groups_fit(lengths, args.max_token_len, args.group_size)
+    check_groups_fit(lengths, args.max_token_len, args.group_size, args.cost_model)
     start = time.perf_counter()
     split = _split(lengths, args, args.route)
     plans = _seqbal_on(split, args)
@@ -320,6 +335,7 @@ def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None
         },
         "settings": {
             "max_token_len": args.max_token_len,
+            "cost_model": str(args.cost_model),
             "dp": args.dp,
             "route": args.route,
             "group_size": args.group_size,
@@ -333,7 +349,7 @@ def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None
             "micro_batches_per_rank": len(plans[0]),
             "all_reduces": 0 if args.dp == 1 or args.route == "schedule" else 2,
             "seconds": seconds,
-            "ranks": _rank_rows(split.lengths, plans, args.max_token_len),
+            "ranks": _rank_rows(split.lengths, plans, args.max_token_len, args.cost_model),
         },
         "verl_0_9": None,
         "verl_0_8": None,
@@ -348,7 +364,7 @@ def build_report(args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None
         "all_reduces": (1 + strict.passes) if args.dp > 1 else 0,
         "failed_at": strict.failed_at,
         "seconds": seconds,
-        "ranks": _rank_rows(split.lengths, strict.parts, args.max_token_len) if strict.parts else [],
+        "ranks": _rank_rows(split.lengths, strict.parts, args.max_token_len, args.cost_model) if strict.parts else [],
     }
     single, seconds = _timed(lambda: kk_one_pass_plans(split.lengths, args.max_token_len, **options))
     report["verl_0_8"] = {
@@ -402,13 +418,15 @@ def format_report(report: dict[str, Any]) -> str:
     route = f", ranks split by {_ROUTE_NAMES[settings['route']]}" if dp > 1 else ""
     lines = [
         f"input: {source['file']}: {source['samples']} samples, {source['tokens']} tokens, longest {source['max_length']}",
-        f"settings: max_token_len={settings['max_token_len']}, dp={dp}" + route
+        f"settings: max_token_len={settings['max_token_len']}"
+        + ("" if settings["cost_model"] == str(CostModel()) else f" on the {settings['cost_model']}")
+        + f", dp={dp}" + route
         + (", " + ", ".join(extras) if extras else ""),
         "",
         f"seqbal: {_micro_batches(ours['micro_batches_per_rank'])} per rank"
         + (f", agreed in {ours['all_reduces']} all-reduces" if ours["all_reduces"] else "")
         + f" (planned in {_duration(ours['seconds'])})",
-        format_table(ours["ranks"]),
+        format_table(ours["ranks"], with_cost=settings["cost_model"] != str(CostModel())),
     ]
     strict, single = report["verl_0_9"], report["verl_0_8"]
     if strict is None:
@@ -423,6 +441,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"verl >= 0.9 (strict loop): {strict['micro_batches_per_rank']} micro-batches per rank, "
             f"{strict['kk_passes']} KK pass(es)" + (f", {strict['all_reduces']} all-reduces" if dp > 1 else "")
             + f" ({_duration(strict['seconds'])}), largest {max(r['largest_micro_batch'] for r in strict['ranks'])}"
+            + ("" if settings["cost_model"] == str(CostModel()) else
+               f"; on the {settings['cost_model']}: {sum(r['over_cap'] for r in strict['ranks'])} over the cap, "
+               f"largest cost {max(r['largest_cost'] for r in strict['ranks'])}")
         )
     else:
         lines.append(f"verl >= 0.9 (strict loop): fails, it reaches {strict['failed_at']} micro-batches, more than "
@@ -444,6 +465,10 @@ def format_report(report: dict[str, Any]) -> str:
         else:
             lines.append(f"verl >= 0.9 runs {total_ours - total_old} fewer micro-batches in total on this input "
                          f"({total_old} vs {total_ours}).")
+        over = sum(r["over_cap"] for r in strict["ranks"])
+        if over:  # verl plans effective tokens: under another cost its micro-batches can exceed the cap
+            lines.append(f"but {over} of verl >= 0.9's micro-batches exceed max_token_len on the "
+                         f"{settings['cost_model']}; seqbal's are all within it.")
     if report["routes"]:
         lines += ["", f"routes over {dp} ranks (seqbal micro-batches per rank, fill, rank workload max/mean):"]
         width = max(len(_ROUTE_NAMES[r]) for r in report["routes"])
@@ -507,6 +532,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--column", metavar="NAME[+NAME]", help=".parquet: column holding the lengths (or token lists); sums with +")
     plan.add_argument("--max-token-len", metavar="N", type=positive, default=DEFAULT_MAX_TOKEN_LEN,
                       help=f"hard cap on effective tokens per micro-batch (default {DEFAULT_MAX_TOKEN_LEN})")
+    plan.add_argument("--cost", choices=("tokens", "padded"), default="tokens",
+                      help="what --max-token-len caps: tokens (effective tokens, for remove-padding forwards; the "
+                           "default) or padded (samples x longest, for padded forwards)")
+    plan.add_argument("--round-to", metavar="M", type=positive, default=1,
+                      help="round every length up to a multiple of M before costing it (sequence parallelism, FP8)")
+    plan.add_argument("--pack-round-to", metavar="B", type=positive, default=1,
+                      help="tokens cost: round each packed micro-batch up to a multiple of B (Ulysses sp_size)")
     plan.add_argument("--dp", metavar="N", type=positive, default=1, help="simulated data-parallel ranks (default 1)")
     plan.add_argument("--route", choices=ROUTES, default="balance_batch",
                       help="how samples reach the ranks: balance_batch (verl's driver-side balance, the default), "
@@ -531,6 +563,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("a command is required: seqbal plan [FILE] [options]")
+    try:
+        args.cost_model = CostModel(padded=args.cost == "padded", round_to=args.round_to, pack_round_to=args.pack_round_to)
+    except ValueError as error:
+        parser.error(f"--cost {args.cost}: {error}")
     try:
         plot = _plot_path(args.plot) if args.plot else None
         report = build_report(args)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .partition import capped_balanced_partitions, check_int64_sums, roundup_divisible, smallest_feasible_partitions
 from .workload import calculate_workload
 
@@ -86,7 +87,14 @@ _INT64_MAX = 2**63 - 1
 #: would silently plan each rank under its own rules, a different divisor gives different counts
 #: (a hang in the training step). ``min_num_micro_batch`` may differ: the agreed count is the
 #: largest proposal, so it honours the largest minimum on every rank.
-_MUST_MATCH = ("max_token_len", "num_batches_divided_by", "force_group_size")
+_MUST_MATCH = (
+    "max_token_len",
+    "num_batches_divided_by",
+    "force_group_size",
+    "cost_model.padded",
+    "cost_model.round_to",
+    "cost_model.pack_round_to",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,10 +114,19 @@ class _Arguments:
     num_batches_divided_by: Optional[int]
     min_num_micro_batch: Optional[int]
     force_group_size: int
+    cost_model: CostModel = CostModel()
 
     def must_match(self) -> tuple[int, ...]:
         """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same)."""
-        return (self.max_token_len, self.num_batches_divided_by or 1, self.force_group_size)
+        cost = self.cost_model
+        return (
+            self.max_token_len,
+            self.num_batches_divided_by or 1,
+            self.force_group_size,
+            int(cost.padded),
+            cost.round_to,
+            cost.pack_round_to,
+        )
 
 
 def _validate_arguments(
@@ -117,8 +134,9 @@ def _validate_arguments(
     num_batches_divided_by: Any,
     min_num_micro_batch: Any,
     force_group_size: Any,
+    cost_model: Any = None,
 ) -> _Arguments:
-    """Check the integer arguments and return them as Python ints.
+    """Check the integer arguments and return them as Python ints, and the cost model.
 
     Any integral type is accepted (``np.uint32(2)``, ``np.int16(4096)``) and converted, so that
     no later arithmetic wraps or mixes unsigned and signed NumPy scalars; ``bool`` is rejected.
@@ -138,11 +156,16 @@ def _validate_arguments(
     def optional(name: str, value: Any) -> Optional[int]:
         return None if value is None else checked(name, value, "None or an int >= 1")
 
+    try:
+        cost = as_cost_model(cost_model)
+    except ValueError as error:
+        raise bad(str(error)) from None
     return _Arguments(
         max_token_len=checked("max_token_len", max_token_len, "a positive int"),
         force_group_size=checked("force_group_size", force_group_size, "an int >= 1"),
         num_batches_divided_by=optional("num_batches_divided_by", num_batches_divided_by),
         min_num_micro_batch=optional("min_num_micro_batch", min_num_micro_batch),
+        cost_model=cost,
     )
 
 
@@ -200,12 +223,20 @@ def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
 
 @dataclass
 class _LocalPlan:
-    """What one rank decides from its own lengths before any agreement."""
+    """What one rank decides from its own lengths before any agreement.
 
-    group_tokens: np.ndarray  # tokens per forced group
-    group_workloads: np.ndarray  # workload per forced group
+    Under the token cost, ``group_tokens`` are the (rounded) tokens of each forced group and
+    a part fits when their sum is ``<= capacity`` (the cap, lowered to a multiple of the packed
+    rounding). Under the padded cost, a part fits when ``samples x its longest`` is
+    ``<= capacity``; ``group_longest`` holds each group's longest (rounded) sample.
+    """
+
+    group_tokens: np.ndarray  # tokens per forced group, after per-sequence rounding
+    group_workloads: np.ndarray  # workload per forced group (token cost only)
+    group_longest: np.ndarray  # longest sample per forced group, after rounding
     group_size: int
-    max_token_len: int
+    capacity: int  # what a part's cost is compared with
+    cost_model: CostModel
     count: int  # smallest count (>= min, multiple of step) at which this rank meets the cap
     parts: list[list[int]]  # a cap-respecting partition of the groups into ``count`` parts
 
@@ -217,9 +248,19 @@ class _LocalPlan:
         """Cap-respecting partition of the groups into ``count`` parts; None if none was found."""
         if count == self.count:
             return self.parts
+        if self.cost_model.padded:
+            return padded_partitions(self.group_longest, self.group_size, self.capacity, count)
         return capped_balanced_partitions(
-            self.group_tokens, self.group_workloads, self.max_token_len, count, feasible=self.parts
+            self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
         )
+
+    def fits(self, part: Sequence[int]) -> bool:
+        """Whether a non-empty part of groups costs at most the cap under the cost model."""
+        if not len(part):
+            return False
+        if self.cost_model.padded:
+            return len(part) * self.group_size * int(self.group_longest[part].max()) <= self.capacity
+        return int(self.group_tokens[part].sum()) <= self.capacity
 
     def samples_of(self, group_parts: list[list[int]]) -> list[list[int]]:
         g = self.group_size
@@ -228,55 +269,84 @@ class _LocalPlan:
         return [sorted(chain.from_iterable(range(i * g, i * g + g) for i in part)) for part in group_parts]
 
 
+def _cost_note(cost_model: CostModel, measured: int, tokens: int) -> str:
+    """`` (costs C under <model>)`` where the cost model changes what a sample counts for."""
+    if cost_model.is_default or measured == tokens:
+        return f" under the {cost_model}" if not cost_model.is_default else ""
+    return f" ({measured} after rounding, under the {cost_model})"
+
+
 def _local_plan(
     lengths: np.ndarray,
     max_token_len: int,
     num_batches_divided_by: Optional[int],
     min_num_micro_batch: Optional[int],
     force_group_size: int,
+    cost_model: CostModel = CostModel(),
 ) -> _LocalPlan:
     n = len(lengths)
     if n % force_group_size:
         raise MicroBatchPlanError(
             f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
         )
-    over = np.flatnonzero(lengths > max_token_len)
+    g = force_group_size
+    measured = cost_model.rounded(lengths)
+    # A lone sample costs its rounded length under every model, packed rounding included.
+    sample_capacity = max_token_len if cost_model.padded else cost_model.token_capacity(max_token_len)
+    over = np.flatnonzero(measured > sample_capacity)
     if over.size:
         index = int(over[0])
         raise MicroBatchPlanError(
-            f"sample {index} has {int(lengths[index])} tokens, which exceeds max_token_len={max_token_len} "
-            f"({over.size} sample(s) over the cap; the largest has {int(lengths.max())} tokens)",
+            f"sample {index} has {int(lengths[index])} tokens"
+            f"{_cost_note(cost_model, int(measured[index]), int(lengths[index]))}, which exceeds "
+            f"max_token_len={max_token_len} ({over.size} sample(s) over the cap; the largest has "
+            f"{int(lengths.max())} tokens)",
             MicroBatchPlanError.SAMPLE_EXCEEDS,
         )
     try:  # before any sum: token and default-workload totals must not wrap around in int64
-        check_int64_sums(lengths, "default")
+        check_int64_sums(measured, "default")
     except ValueError as error:
         raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_BATCH) from None
-    g = force_group_size
-    group_tokens = lengths.reshape(-1, g).sum(axis=1)
-    group_workloads = calculate_workload(lengths).reshape(-1, g).sum(axis=1)
-    over = np.flatnonzero(group_tokens > max_token_len)
+    group_tokens = measured.reshape(-1, g).sum(axis=1)
+    group_longest = measured.reshape(-1, g).max(axis=1)
+    group_costs = cost_model.group_costs(lengths, g)
+    over = np.flatnonzero(group_costs > max_token_len)
     if over.size:
         index = int(over[0])
+        cost = "" if cost_model.is_default else f", costing {int(group_costs[index])} under the {cost_model}"
         raise MicroBatchPlanError(
             f"forced group exceeds max_token_len: group {index} (samples {index * g}..{index * g + g - 1}, "
-            f"force_group_size={g}) has {int(group_tokens[index])} tokens > max_token_len={max_token_len}",
+            f"force_group_size={g}) has {int(lengths.reshape(-1, g)[index].sum())} tokens{cost} > "
+            f"max_token_len={max_token_len}",
             MicroBatchPlanError.FORCED_GROUP_EXCEEDS,
         )
     step = num_batches_divided_by or 1
-    count, parts = smallest_feasible_partitions(
-        group_tokens, group_workloads, max_token_len, min_count=min_num_micro_batch or 1, step=step
-    )
+    min_count = min_num_micro_batch or 1
+    # A cap below the packed rounding leaves room only for empty samples (checked above), which
+    # fit any positive capacity: the partitioner needs one.
+    sample_capacity = max(sample_capacity, 1)
+    if cost_model.padded:
+        group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
+        count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
+        parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
+    else:
+        group_workloads = calculate_workload(measured).reshape(-1, g).sum(axis=1)
+        count, parts = smallest_feasible_partitions(
+            group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
+        )
     if parts is None:
+        model = "" if cost_model.is_default else f" under the {cost_model}"
         raise MicroBatchPlanError(
-            f"Cannot satisfy max_token_len={max_token_len}: {int(group_tokens.sum())} tokens in "
+            f"Cannot satisfy max_token_len={max_token_len}{model}: {int(lengths.sum())} tokens in "
             f"{len(group_tokens)} group(s) of {g} sample(s) need at least {count} micro-batches "
             f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}), "
             f"but only {len(group_tokens)} non-empty micro-batches can be formed; raise max_token_len, "
             f"lower min_num_micro_batch or num_batches_divided_by, or give this rank more samples",
             MicroBatchPlanError.CANNOT_SATISFY,
         )
-    return _LocalPlan(group_tokens, group_workloads, g, max_token_len, count, parts)
+    return _LocalPlan(
+        group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts
+    )
 
 
 def _rank_name(group: Any, rank_in_group: int) -> str:
@@ -318,7 +388,11 @@ def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[li
     Sorts by (workload, first index) descending, then takes ``parts[::2][::-1] + parts[1::2]``:
     light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
     """
-    totals = [int(workloads[p].sum()) for p in parts]
+    return _pipeline_order(parts, [int(workloads[p].sum()) for p in parts])
+
+
+def _pipeline_order(parts: list[list[int]], totals: Sequence[int]) -> list[list[int]]:
+    """:func:`order_for_pipeline` given each micro-batch's total workload."""
     ranked = sorted(range(len(parts)), key=lambda i: (totals[i], parts[i][0] if parts[i] else 0), reverse=True)
     ordered = [parts[i] for i in ranked]
     return ordered[::2][::-1] + ordered[1::2]
@@ -341,6 +415,7 @@ def _local_stage(
     num_batches_divided_by: Any,
     min_num_micro_batch: Any,
     force_group_size: Any,
+    cost_model: Any = None,
     *,
     capture_unexpected: bool,
 ) -> _LocalStage:
@@ -351,7 +426,9 @@ def _local_stage(
     """
     arguments = None
     try:
-        arguments = _validate_arguments(max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size)
+        arguments = _validate_arguments(
+            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model
+        )
         lengths = _lengths_array(get_lengths())
         plan = _local_plan(
             lengths,
@@ -359,6 +436,7 @@ def _local_stage(
             arguments.num_batches_divided_by,
             arguments.min_num_micro_batch,
             arguments.force_group_size,
+            arguments.cost_model,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:
@@ -419,11 +497,7 @@ def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[in
         candidate = local.partition_at(count)
     except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
         return None, False, error
-    within_limit = (
-        candidate is not None
-        and len(candidate) == count
-        and all(len(p) and int(local.group_tokens[p].sum()) <= local.max_token_len for p in candidate)
-    )
+    within_limit = candidate is not None and len(candidate) == count and all(map(local.fits, candidate))
     return candidate, within_limit, None
 
 
@@ -431,9 +505,14 @@ def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_ba
     """Sample index lists of a group partition, ordered for the pipeline if asked."""
     assert stage.plan is not None and stage.lengths is not None
     parts = stage.plan.samples_of(group_parts)
-    if use_dynamic_bsz_balance:
-        parts = order_for_pipeline(parts, calculate_workload(stage.lengths))
-    return parts
+    if not use_dynamic_bsz_balance:
+        return parts
+    cost = stage.plan.cost_model
+    measured = cost.rounded(stage.lengths)
+    if cost.padded:  # a padded micro-batch computes on samples x its longest
+        longest = [int(measured[p].max()) for p in parts]
+        return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, calculate_workload(longest))])
+    return order_for_pipeline(parts, calculate_workload(measured))
 
 
 def _sync_mode(dp_group: Any, same_micro_num_in_dp: bool) -> bool:
@@ -451,11 +530,12 @@ def _plan(
     min_num_micro_batch: Optional[int],
     use_dynamic_bsz_balance: bool,
     force_group_size: int,
+    cost_model: Union[None, str, CostModel] = None,
 ) -> list[list[int]]:
     _check_dp_group(dp_group)
     sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
     stage = _local_stage(
-        get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size,
+        get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
         capture_unexpected=sync,
     )
     if not sync:
@@ -519,6 +599,7 @@ def plan_micro_batches(
     min_num_micro_batch: Optional[int] = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    cost_model: Union[None, str, CostModel] = None,
 ) -> list[list[int]]:
     """Decide the micro-batches of a batch from its effective lengths alone.
 
@@ -539,10 +620,16 @@ def plan_micro_batches(
         use_dynamic_bsz_balance: order micro-batches heaviest in the middle (see
             :func:`order_for_pipeline`); False keeps the partitioner's order. Default True.
         force_group_size: samples ``i*g .. i*g+g-1`` always share a micro-batch. Default 1.
+        cost_model: what a micro-batch costs against ``max_token_len``: ``None`` or
+            ``"tokens"`` (default: its effective tokens, for remove-padding forwards),
+            ``"padded"`` (``samples x longest``, for padded forwards), or a
+            :class:`~seqbal.CostModel` with per-sequence or packed rounding. Must be the same
+            on every rank of ``dp_group``.
 
     Returns:
         One ascending list of sample indices per micro-batch; together they hold every index
-        exactly once; no list is empty; every micro-batch has at most ``max_token_len`` tokens;
+        exactly once; no list is empty; every micro-batch costs at most ``max_token_len``
+        (effective tokens by default, else under ``cost_model``);
         the count is at least ``ceildiv(total, max_token_len)`` and ``min_num_micro_batch``, a
         multiple of ``num_batches_divided_by``, and in sync mode equal on every rank.
         Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
@@ -564,6 +651,8 @@ def plan_micro_batches(
         [[1], [3], [5], [7], [6], [4], [2], [0]]
         >>> plan_micro_batches([3, 5, 2, 6], max_token_len=8, use_dynamic_bsz_balance=False)
         [[2, 3], [0, 1]]
+        >>> plan_micro_batches([6, 1, 1, 1, 5, 1], max_token_len=12, cost_model="padded")  # 2 x 6, 4 x 1
+        [[0, 4], [1, 2, 3, 5]]
     """
     return _plan(
         lambda: seq_lens,
@@ -574,6 +663,7 @@ def plan_micro_batches(
         min_num_micro_batch,
         use_dynamic_bsz_balance,
         force_group_size,
+        cost_model,
     )
 
 
@@ -584,6 +674,7 @@ def plan_data_parallel(
     min_num_micro_batch: Optional[int] = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    cost_model: Union[None, str, CostModel] = None,
 ) -> list[list[list[int]]]:
     """What synced data-parallel ranks would decide, computed in one process, no collective.
 
@@ -612,7 +703,7 @@ def plan_data_parallel(
     stages = [
         _local_stage(
             (lambda lengths=lengths: lengths), max_token_len, num_batches_divided_by, min_num_micro_batch,
-            force_group_size, capture_unexpected=False,
+            force_group_size, cost_model, capture_unexpected=False,
         )
         for lengths in rank_seq_lens
     ]

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from .cost import CostModel
 from .plan import MicroBatchPlanError, _plan
 from .tensordict_compat import select_nested_rows, select_rows
 
@@ -179,6 +180,7 @@ def rearrange_micro_batches(
     min_num_micro_batch: Optional[int] = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    cost_model: Union[None, str, CostModel] = None,
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
@@ -190,8 +192,10 @@ def rearrange_micro_batches(
         batch: a TensorDict with batch size ``[B]`` holding a 2-D ``attention_mask`` or a nested
             (jagged) ``input_ids``; every entry (dense, nested, non-tensor) is carried along.
         max_token_len, dp_group, num_batches_divided_by, same_micro_num_in_dp,
-        min_num_micro_batch, use_dynamic_bsz_balance, force_group_size: as in
-            :func:`seqbal.plan.plan_micro_batches`.
+        min_num_micro_batch, use_dynamic_bsz_balance, force_group_size, cost_model: as in
+            :func:`seqbal.plan.plan_micro_batches`. Use ``cost_model="padded"`` when the
+            forward runs on padded micro-batches (``samples x longest`` is then what the cap
+            bounds).
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
@@ -215,6 +219,7 @@ def rearrange_micro_batches(
         min_num_micro_batch,
         use_dynamic_bsz_balance,
         force_group_size,
+        cost_model,
     )
     micro_batches = [select_rows(batch, part) for part in indices]
     return micro_batches, indices

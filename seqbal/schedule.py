@@ -32,10 +32,11 @@ from __future__ import annotations
 import bisect
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional, Sequence
+from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
 import numpy as np
 
+from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .metrics import log_seqlen_unbalance
 from .partition import (
     INT64_SAFE_TOTAL,
@@ -462,6 +463,7 @@ def build_dp_schedule(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     workload_fn: Optional[WorkloadFn] = None,
+    cost_model: Union[None, str, CostModel] = None,
 ) -> DPSchedule:
     """Plan every DP rank's samples and micro-batches at once, on the driver, with no collective.
 
@@ -495,6 +497,12 @@ def build_dp_schedule(
         min_num_micro_batch: the per-rank count must be at least this. Default None.
         workload_fn: lengths -> workloads (default :func:`seqbal.calculate_workload`); float
             results are rounded to integers.
+        cost_model: what ``max_token_len`` caps, as in :func:`seqbal.plan_micro_batches`:
+            effective tokens (default), ``"padded"`` (``samples x longest``) or a
+            :class:`~seqbal.CostModel` with rounding. Under the padded cost, steps 2-4 become:
+            runs of the length-sorted groups (the fewest micro-batches for equal group sizes),
+            balanced on padded workload, handed to ranks in equal numbers by KK on their
+            padded workloads (no group moves between them, which could break the padded cap).
 
     Returns:
         A :class:`DPSchedule`. Guarantees: the same count on every rank; every sample exactly
@@ -524,52 +532,67 @@ def build_dp_schedule(
     _check_positive("max_token_len", max_token_len, optional=False)
     _check_positive("num_batches_divided_by", num_batches_divided_by, optional=True)
     _check_positive("min_num_micro_batch", min_num_micro_batch, optional=True)
+    cost = as_cost_model(cost_model)
     groups = _groups(len(array), force_group_size, group_ids)
-    check_int64_sums(array, "default" if workload_fn is None else None)  # before the model could wrap
-    work = _workloads(array, workload_fn)
-    check_int64_sums(array, work)
+    measured = cost.rounded(array)  # what each sample counts for under the cost model
+    check_int64_sums(measured, "default" if workload_fn is None else None)  # before the model could wrap
+    work = _workloads(measured, workload_fn)
+    check_int64_sums(measured, work)
 
-    over = np.flatnonzero(array > max_token_len)
+    # A lone sample costs its rounded length under every model, packed rounding included.
+    capacity = max_token_len if cost.padded else cost.token_capacity(max_token_len)
+    under = "" if cost.is_default else f" under the {cost}"
+    over = np.flatnonzero(measured > capacity)
     if over.size:
         index = int(over[0])
         raise ValueError(
-            f"sample {index} has {int(array[index])} tokens, which exceeds max_token_len={max_token_len} "
+            f"sample {index} has {int(array[index])} tokens{under}, which exceeds max_token_len={max_token_len} "
             f"({over.size} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
-            f"to at least {int(array.max())} or truncate those samples"
+            f"to at least {int(measured.max())} or truncate those samples"
         )
-    group_tokens = _part_sums(array, groups)  # one NumPy pass each (exact: the guard above)
+    group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
     group_work = _part_sums(work, groups)
-    over = np.flatnonzero(group_tokens > max_token_len)
+    group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+    group_longest = np.array([int(measured[g].max()) for g in groups], dtype=np.int64)
+    group_costs = group_sizes * group_longest if cost.padded else group_tokens
+    over = np.flatnonzero(group_costs > capacity)
     if over.size:
         index = int(over[0])
         kind = "forced group" if group_ids is None else "group"
         raise ValueError(
-            f"{kind} exceeds max_token_len: group {index} (samples {groups[index]}) has "
-            f"{int(group_tokens[index])} tokens > max_token_len={max_token_len}; raise max_token_len to at "
-            f"least {int(group_tokens.max())} or use smaller groups"
+            f"{kind} exceeds max_token_len: group {index} (samples {groups[index]}) "
+            f"{f'costs {int(group_costs[index])}{under}' if under else f'has {int(group_costs[index])} tokens'} "
+            f"> max_token_len={max_token_len}; raise max_token_len "
+            f"to at least {int(group_costs.max())} or use smaller groups"
         )
+    capacity = max(capacity, 1)  # below the packed rounding only empty samples are left: any cap fits
 
     step = dp_size * (num_batches_divided_by or 1)
     floor = dp_size * (min_num_micro_batch or 1)
-    packing = best_fit_decreasing_partitions(group_tokens, max_token_len)
+    if cost.padded:
+        return _padded_schedule(
+            array, work, groups, group_sizes, group_longest, capacity, dp_size, step, floor, max_token_len,
+            num_batches_divided_by, min_num_micro_batch, workload_fn,
+        )
+    packing = best_fit_decreasing_partitions(group_tokens, capacity)
     target = roundup_divisible(max(len(packing), floor), step)
     # A smaller multiple of ``step`` may still be feasible when the packer left slack: try the
     # counts from the packing lower bound up (usually none or one, since step >= dp_size).
     parts: Optional[list[list[int]]] = None
-    bound = roundup_divisible(max(packing_lower_bound(group_tokens, max_token_len), floor), step)
+    bound = roundup_divisible(max(packing_lower_bound(group_tokens, capacity), floor), step)
     count = bound
     while count < target and count <= len(groups) and parts is None:
-        parts = capped_balanced_partitions(group_tokens, group_work, max_token_len, count)
+        parts = capped_balanced_partitions(group_tokens, group_work, capacity, count)
         if parts is None:
             count += step
     if parts is None and target <= len(groups):
         count = target
-        parts = capped_balanced_partitions(group_tokens, group_work, max_token_len, count, feasible=packing)
+        parts = capped_balanced_partitions(group_tokens, group_work, capacity, count, feasible=packing)
     if (parts is None or count > bound) and dp_size > 1:
         # Not provably optimal: the per-rank route (split, then pack each share) is a candidate
         # too, so the schedule never needs more micro-batches per rank than that route.
         alternative = _per_rank_candidate(
-            group_tokens, group_work, max_token_len, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
         )
         if alternative is not None and (parts is None or len(alternative) < count):
             parts, count = alternative, len(alternative)
@@ -584,7 +607,20 @@ def build_dp_schedule(
     parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
     bin_work = _part_sums(group_work, parts)
     ranks = _assign_bins_to_ranks(bin_work, dp_size)
-    parts = _refine_ranks(parts, ranks, group_tokens, group_work, max_token_len)
+    parts = _refine_ranks(parts, ranks, group_tokens, group_work, capacity)
+    return _schedule_of(array, work, groups, parts, ranks, dp_size, max_token_len)
+
+
+def _schedule_of(
+    array: np.ndarray,
+    work: np.ndarray,
+    groups: list[list[int]],
+    parts: list[list[int]],
+    ranks: list[list[int]],
+    dp_size: int,
+    max_token_len: int,
+) -> DPSchedule:
+    """The DPSchedule of micro-batches ``parts`` (group indices) handed out as ``ranks`` (part indices)."""
     micro = [sorted(i for g in part for i in groups[g]) for part in parts]
     per_rank = []
     for rank_bins in ranks:
@@ -593,12 +629,45 @@ def build_dp_schedule(
     return DPSchedule(
         dp_size=dp_size,
         max_token_len=max_token_len,
-        num_micro_batches=count // dp_size,
+        num_micro_batches=len(parts) // dp_size,
         micro_batches=tuple(per_rank),
         rank_indices=tuple(tuple(i for mb in r for i in mb) for r in per_rank),
         lengths=tuple(array.tolist()),
         workloads=tuple(work.tolist()),
     )
+
+
+def _padded_schedule(
+    array: np.ndarray,
+    work: np.ndarray,
+    groups: list[list[int]],
+    group_sizes: np.ndarray,
+    group_longest: np.ndarray,
+    capacity: int,
+    dp_size: int,
+    step: int,
+    floor: int,
+    max_token_len: int,
+    num_batches_divided_by: Optional[int],
+    min_num_micro_batch: Optional[int],
+    workload_fn: Optional[WorkloadFn],
+) -> DPSchedule:
+    """build_dp_schedule under the padded cost: runs of the length-sorted groups, then ranks."""
+    fewest = padded_min_count(group_longest, group_sizes, capacity)
+    count = roundup_divisible(max(fewest, floor), step)
+    if count > len(groups):
+        raise _too_few_groups(count, fewest, len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch)
+    model = (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else calculate_workload
+    parts = padded_partitions(group_longest, group_sizes, capacity, count, workload_fn=model)
+    if parts is None or len(parts) != count:  # padded_partitions succeeds from the greedy count up
+        raise RuntimeError(f"internal error: no padded partition into {count} parts; please report")
+    parts = sorted(parts)
+    longest = [int(group_longest[part].max()) for part in parts]
+    bin_work = np.array(
+        [int(group_sizes[part].sum()) * int(w) for part, w in zip(parts, model(np.array(longest, dtype=np.int64)))],
+        dtype=np.int64,
+    )
+    return _schedule_of(array, work, groups, parts, _assign_bins_to_ranks(bin_work, dp_size), dp_size, max_token_len)
 
 
 # ---------------------------------------------------------------------------------------------

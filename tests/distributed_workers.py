@@ -24,6 +24,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from seqbal.cost import CostModel
+
 CAP = 4096
 # Timeout of the process group every scenario runs in. A correct call never waits on a peer for
 # more than milliseconds; a rank left behind in a collective fails after this long. The tests
@@ -168,6 +170,13 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("dense_mixed", base, {"max_token_len": CAP}, api="dense"))
     add(Scenario("dense_divided_by_2", other, {"max_token_len": CAP, "num_batches_divided_by": 2}, api="dense"))
     add(Scenario("jagged_mixed", other, {"max_token_len": CAP}, api="jagged"))
+    # every cost model keeps the cap and the equal count (rank lengths differ, so counts differ locally)
+    add(Scenario("plan_padded", base, {"max_token_len": CAP, "cost_model": "padded"}))
+    quarters = [[x // 2 for x in rank] for rank in even]  # padded pairs leave room for several per micro-batch
+    add(Scenario("plan_padded_groups", quarters, {"max_token_len": CAP, "cost_model": "padded", "force_group_size": 2}))
+    add(Scenario("plan_rounded_packed", other,
+                 {"max_token_len": CAP, "cost_model": CostModel(round_to=8, pack_round_to=16)}))
+    add(Scenario("dense_padded", base, {"max_token_len": CAP, "cost_model": "padded"}, api="dense"))
 
     # --- no sync: no collective at all ----------------------------------------------------
     add(Scenario("nosync_flag", base, {"max_token_len": CAP, "same_micro_num_in_dp": False}, synced=False))
@@ -239,6 +248,9 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("err_mismatch_divisor_none", base, {"max_token_len": CAP},
                  rank_kwargs={0: {"num_batches_divided_by": 2}},
                  all_raise=[mismatch, "num_batches_divided_by from 1 to 2 (None counts as 1)"]))
+    add(Scenario("err_mismatch_cost_model", base, {"max_token_len": CAP},
+                 rank_kwargs={last: {"cost_model": "padded"}},
+                 all_raise=[mismatch, "cost_model.padded from 0 to 1"]))
     add(Scenario("err_mismatch_cap", base, {"max_token_len": CAP}, rank_kwargs={last: {"max_token_len": 2 * CAP}},
                  all_raise=[mismatch, f"max_token_len from {CAP} to {2 * CAP}"]))
     add(Scenario("err_mismatch_group_size", even, {"max_token_len": CAP, "force_group_size": 2},

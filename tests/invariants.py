@@ -15,6 +15,21 @@ def ceildiv(a: int, b: int) -> int:
     return -(a // -b)
 
 
+def micro_batch_cost(lengths: Sequence[int], cost_model=None) -> int:
+    """What one micro-batch costs under ``cost_model`` (None, "tokens", "padded" or a CostModel),
+    computed here from the definitions, independently of seqbal's own arithmetic."""
+    if cost_model is None or cost_model == "tokens":
+        padded, round_to, pack_round_to = False, 1, 1
+    elif cost_model == "padded":
+        padded, round_to, pack_round_to = True, 1, 1
+    else:
+        padded, round_to, pack_round_to = cost_model.padded, cost_model.round_to, cost_model.pack_round_to
+    rounded = [ceildiv(int(s), round_to) * round_to for s in lengths]
+    if padded:
+        return len(rounded) * max(rounded, default=0)
+    return ceildiv(sum(rounded), pack_round_to) * pack_round_to
+
+
 def assert_plan_invariants(
     lengths: Sequence[int],
     parts: Sequence[Sequence[int]],
@@ -23,8 +38,12 @@ def assert_plan_invariants(
     force_group_size: int = 1,
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
+    cost_model=None,
 ) -> None:
-    """Assert every guarantee of SPEC's "Public API" section for one returned plan."""
+    """Assert every guarantee of SPEC's "Public API" section for one returned plan.
+
+    ``cost_model`` is what the call was given; the cap is checked on that cost.
+    """
     # Arguments may be NumPy scalars (np.int16, np.uint32): check in Python ints, which never wrap.
     max_token_len, force_group_size = int(max_token_len), int(force_group_size)
     num_batches_divided_by = None if num_batches_divided_by is None else int(num_batches_divided_by)
@@ -37,10 +56,10 @@ def assert_plan_invariants(
     for position, part in enumerate(parts):
         assert len(part) > 0, f"micro-batch {position} is empty"
         assert list(part) == sorted(part), f"micro-batch {position} indices not ascending: {part}"
-    # hard cap
+    # hard cap, on the cost the call chose
     for position, part in enumerate(parts):
-        tokens = int(lengths[list(part)].sum())
-        assert tokens <= max_token_len, f"micro-batch {position} has {tokens} tokens > cap {max_token_len}"
+        cost = micro_batch_cost(lengths[list(part)].tolist(), cost_model)
+        assert cost <= max_token_len, f"micro-batch {position} costs {cost} > cap {max_token_len} ({cost_model})"
     # forced groups stay together
     if force_group_size > 1:
         where = {}
@@ -52,7 +71,11 @@ def assert_plan_invariants(
             assert len(homes) == 1, f"forced group at {start} split over micro-batches {sorted(homes)}"
     # count bounds
     count = len(parts)
-    assert count >= ceildiv(int(lengths.sum()), max_token_len), "count below the ceildiv lower bound"
+    rounded_total = sum(micro_batch_cost([s], cost_model) for s in lengths.tolist())
+    if cost_model is None or cost_model == "tokens" or cost_model == "padded" or cost_model.pack_round_to == 1:
+        assert count >= ceildiv(rounded_total, max_token_len), "count below the ceildiv lower bound"
+    else:  # packed rounding: each lone sample costs at least itself, so the bound uses raw lengths
+        assert count >= ceildiv(int(lengths.sum()), max_token_len), "count below the ceildiv lower bound"
     if min_num_micro_batch is not None:
         assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
     if num_batches_divided_by is not None:
@@ -70,8 +93,11 @@ def assert_schedule_invariants(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     rebuild=None,
+    cost_model=None,
 ) -> None:
     """Assert every guarantee of ``build_dp_schedule`` (issue 5) for one returned DPSchedule.
+
+    ``cost_model`` is what the call was given; the cap is checked on that cost.
 
     ``rebuild``, if given, is a zero-argument callable that builds the schedule again from the
     same input; the result must be identical (determinism).
@@ -93,8 +119,8 @@ def assert_schedule_invariants(
         for position, mb in enumerate(mbs):
             assert len(mb) > 0, f"rank {rank} micro-batch {position} is empty"
             assert list(mb) == sorted(mb), f"rank {rank} micro-batch {position} not ascending: {mb}"
-            tokens = int(lengths[list(mb)].sum())
-            assert tokens <= max_token_len, f"rank {rank} micro-batch {position}: {tokens} tokens > cap {max_token_len}"
+            cost = micro_batch_cost(lengths[list(mb)].tolist(), cost_model)
+            assert cost <= max_token_len, f"rank {rank} micro-batch {position} costs {cost} > cap {max_token_len}"
             for i in mb:
                 where[i] = (rank, position)
         # per rank, the flattened micro-batches tile its sample list in order

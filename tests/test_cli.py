@@ -552,3 +552,44 @@ def test_planning_from_the_command_line_does_not_import_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+
+def test_plan_on_the_padded_cost_bounds_padded_memory(tmp_path) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(x) for x in [3000] * 4 + [200] * 60) + "\n")
+    report = plan_json(str(lengths), "--max-token-len", "4096", "--cost", "padded", "--compare", "on")
+    assert report["settings"]["cost_model"] == "padded cost (samples x longest)"
+    assert report["seqbal"]["micro_batches_per_rank"] == 7  # exact: 4 long alone, 60 short in 3
+    assert report["seqbal"]["ranks"][0]["largest_cost"] <= 4096
+    assert report["seqbal"]["ranks"][0]["over_cap"] == 0
+    assert report["verl_0_9"]["ranks"][0]["over_cap"] > 0  # verl plans tokens: padded memory overshoots
+    text = call("plan", str(lengths), "--max-token-len", "4096", "--cost", "padded", "--compare", "on").stdout
+    assert "on the padded cost (samples x longest)" in text and "largest cost" in text
+    assert "exceed max_token_len on the padded cost" in text
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [([], 2), (["--round-to", "8"], 2), (["--pack-round-to", "16"], 2), (["--round-to", "16"], 4),
+     (["--round-to", "8", "--pack-round-to", "32"], 1), (["--cost", "padded", "--round-to", "8"], 2)],
+)
+def test_rounding_options_reach_the_plan(tmp_path, options: list[str], expected: int) -> None:
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("5\n5\n5\n5\n")
+    cap = "32" if "32" in options else "16"
+    report = plan_json(str(lengths), "--max-token-len", cap, *options)
+    assert report["seqbal"]["micro_batches_per_rank"] == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--cost", "padded", "--pack-round-to", "4"], "pack_round_to=4 applies to the token cost only"),
+        (["--cost", "pad"], "invalid choice: 'pad'"),
+        (["--max-token-len", "3000", "--cost", "padded", "--round-to", "1024"],
+         "the largest costs 4096 under the padded cost"),
+    ],
+)
+def test_bad_cost_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    assert_clean_failure(call("plan", *args), needle)

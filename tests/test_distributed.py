@@ -258,6 +258,7 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
             force_group_size=kwargs.get("force_group_size", 1),
             num_batches_divided_by=kwargs.get("num_batches_divided_by"),
             min_num_micro_batch=kwargs.get("min_num_micro_batch"),
+            cost_model=kwargs.get("cost_model"),
         )
         group = scenario.group_of(rank, world)
         # the agreed count is the smallest common one: the largest count any member needs alone
