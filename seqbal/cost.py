@@ -112,6 +112,14 @@ class CostModel:
         """Token model: the largest packed token count whose rounded cost is ``<= max_token_len``."""
         return max_token_len // self.pack_round_to * self.pack_round_to
 
+    def sample_capacity(self, max_token_len: int) -> int:
+        """The largest (rounded) length a lone sample may have: its cost is then within the cap.
+
+        >>> CostModel(pack_round_to=8).sample_capacity(20), CostModel(padded=True).sample_capacity(20)
+        (16, 20)
+        """
+        return max_token_len if self.padded else self.token_capacity(max_token_len)
+
     def cost(self, lengths: Sequence[int]) -> int:
         """Cost of one micro-batch holding samples of these effective lengths. O(len)."""
         rounded = [-(-int(s) // self.round_to) * self.round_to for s in lengths]

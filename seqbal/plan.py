@@ -291,8 +291,7 @@ def _local_plan(
         )
     g = force_group_size
     measured = cost_model.rounded(lengths)
-    # A lone sample costs its rounded length under every model, packed rounding included.
-    sample_capacity = max_token_len if cost_model.padded else cost_model.token_capacity(max_token_len)
+    sample_capacity = cost_model.sample_capacity(max_token_len)
     over = np.flatnonzero(measured > sample_capacity)
     if over.size:
         index = int(over[0])

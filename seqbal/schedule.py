@@ -539,8 +539,7 @@ def build_dp_schedule(
     work = _workloads(measured, workload_fn)
     check_int64_sums(measured, work)
 
-    # A lone sample costs its rounded length under every model, packed rounding included.
-    capacity = max_token_len if cost.padded else cost.token_capacity(max_token_len)
+    capacity = cost.sample_capacity(max_token_len)
     under = "" if cost.is_default else f" under the {cost}"
     over = np.flatnonzero(measured > capacity)
     if over.size:
