@@ -25,6 +25,9 @@ _EXPORTS = {
     "effective_lengths": "rearrange",
     "get_reverse_idx": "rearrange",
     "restore_dynamic_batch": "rearrange",
+    "padding_window": "rearrange",
+    "padding_windows": "rearrange",
+    "trim_to_window": "rearrange",
     "plan_micro_batches": "plan",
     "plan_data_parallel": "plan",
     "MicroBatchPlanError": "plan",
@@ -79,6 +82,14 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
         split_bins_to_count,
     )
     from .plan import MicroBatchPlanError, plan_data_parallel, plan_micro_batches
-    from .rearrange import effective_lengths, get_reverse_idx, rearrange_micro_batches, restore_dynamic_batch
+    from .rearrange import (
+        effective_lengths,
+        get_reverse_idx,
+        padding_window,
+        padding_windows,
+        rearrange_micro_batches,
+        restore_dynamic_batch,
+        trim_to_window,
+    )
     from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
     from .workload import calculate_workload, make_workload_fn

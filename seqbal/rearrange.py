@@ -25,6 +25,9 @@ __all__ = [
     "rearrange_micro_batches",
     "get_reverse_idx",
     "restore_dynamic_batch",
+    "padding_window",
+    "padding_windows",
+    "trim_to_window",
 ]
 
 
@@ -181,6 +184,7 @@ def rearrange_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
     cost_model: Union[None, str, CostModel] = None,
+    trim_padding: bool = False,
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
@@ -196,6 +200,11 @@ def rearrange_micro_batches(
             :func:`seqbal.plan.plan_micro_batches`. Use ``cost_model="padded"`` when the
             forward runs on padded micro-batches (``samples x longest`` is then what the cap
             bounds).
+        trim_padding: cut each micro-batch's padding columns (:func:`trim_to_window`), so a
+            padded forward does not pay for the whole batch's width; outputs as wide as the
+            trimmed micro-batch go back with :func:`restore_dynamic_batch` and ``windows``.
+            Needs a 2-D ``attention_mask`` (a batch of nested ``input_ids`` has no padding to
+            trim). Default False.
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
@@ -222,7 +231,72 @@ def rearrange_micro_batches(
         cost_model,
     )
     micro_batches = [select_rows(batch, part) for part in indices]
+    if trim_padding and "attention_mask" in batch.keys():
+        micro_batches = [trim_to_window(micro_batch) for micro_batch in micro_batches]
     return micro_batches, indices
+
+
+def padding_window(attention_mask: torch.Tensor) -> tuple[int, int]:
+    """Columns ``[start, stop)`` of a 2-D padding mask that hold a real token in some row.
+
+    Right padding gives ``(0, longest)``, left padding ``(width - longest, width)``; a batch
+    padded on both sides (left-padded prompts, right-padded responses) gives the span from the
+    earliest first token to the latest last token. ``(0, 0)`` for a mask without tokens. O(B*S).
+
+    Examples:
+        >>> padding_window(torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0]]))
+        (1, 3)
+    """
+    columns = torch.nonzero(attention_mask.bool().any(0)).flatten()
+    if columns.numel() == 0:
+        return 0, 0
+    return int(columns[0]), int(columns[-1]) + 1
+
+
+def padding_windows(batch: TensorDict, batch_idx_list: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """:func:`padding_window` of each micro-batch of ``batch``, from the untrimmed batch's mask:
+    where each trimmed micro-batch's columns sat, for :func:`restore_dynamic_batch`. O(B*S).
+
+    Examples:
+        >>> batch = TensorDict({"attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}, batch_size=[2])
+        >>> padding_windows(batch, [[1], [0]])
+        [(0, 1), (0, 2)]
+    """
+    mask = batch.get("attention_mask")
+    return [padding_window(mask[torch.as_tensor(list(part), dtype=torch.long, device=mask.device)]) for part in batch_idx_list]
+
+
+def trim_to_window(micro_batch: TensorDict) -> TensorDict:
+    """Cut a micro-batch's padding columns: every dense entry as wide as its ``attention_mask``
+    (``input_ids``, ``position_ids``, the mask itself, nested TensorDicts included) keeps only
+    the columns of :func:`padding_window`. Entries of another width (``responses``), nested
+    (jagged) and non-tensor entries are kept as they are. Returns a new TensorDict. O(B*S).
+
+    With one-sided padding the trimmed width is the micro-batch's longest sample, so a padded
+    forward holds ``samples x longest``, which ``cost_model="padded"`` caps; with both sides
+    padded it can be wider (re-pack the rows, as ``examples/ppo_actor_forward.py`` does).
+
+    Examples:
+        >>> batch = TensorDict({"attention_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])}, batch_size=[2])
+        >>> trim_to_window(batch)["attention_mask"].tolist()
+        [[1, 1], [0, 1]]
+    """
+    mask = micro_batch.get("attention_mask")
+    width = mask.shape[1]
+    start, stop = padding_window(mask)
+    trimmed = micro_batch.clone(recurse=False)  # new containers, the same tensors: nothing is copied
+    copied: set[tuple[str, ...]] = set()
+    for key in micro_batch.keys(include_nested=True, leaves_only=True):
+        value = micro_batch.get(key)
+        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2 and value.shape[1] == width:
+            path = key if isinstance(key, tuple) else (key,)
+            for depth in range(1, len(path)):  # a nested TensorDict on the way: a container of our own
+                prefix = path[:depth]
+                if prefix not in copied:
+                    trimmed.set(prefix, trimmed.get(prefix).clone(recurse=False))
+                    copied.add(prefix)
+            trimmed.set(key, value[:, start:stop])
+    return trimmed
 
 
 def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
@@ -245,7 +319,11 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
 
 
 def restore_dynamic_batch(
-    data: Union[torch.Tensor, TensorDict], batch_idx_list: Sequence[Sequence[int]]
+    data: Union[torch.Tensor, TensorDict, Sequence[torch.Tensor]],
+    batch_idx_list: Sequence[Sequence[int]],
+    *,
+    windows: Optional[Sequence[tuple[int, int]]] = None,
+    width: Optional[int] = None,
 ) -> Union[torch.Tensor, TensorDict]:
     """Put per-sample outputs back in the original sample order.
 
@@ -254,13 +332,24 @@ def restore_dynamic_batch(
     nested tensor, or a TensorDict. Returns the same kind, row ``j`` being original sample ``j``.
     O(n) rows copied.
 
+    Outputs of trimmed micro-batches (``trim_padding=True``) differ in width: pass them as a
+    list, one dense tensor per micro-batch, with ``windows`` (:func:`padding_windows` of the
+    untrimmed batch) and the full ``width``; each is put back at its columns of a zero tensor
+    ``[B, width, ...]``.
+
     Raises:
-        ValueError: the number of rows of ``data`` differs from the number of indices.
+        ValueError: the number of rows of ``data`` differs from the number of indices; a list
+            without ``windows`` and ``width``, or an output whose width is not its window's.
 
     Examples:
         >>> restore_dynamic_batch(torch.tensor([30, 10, 20]), [[2], [0, 1]]).tolist()
         [10, 20, 30]
+        >>> restore_dynamic_batch([torch.tensor([[7]]), torch.tensor([[5, 6]])], [[1], [0]],
+        ...                       windows=[(0, 1), (0, 2)], width=3).tolist()
+        [[5, 6, 0], [7, 0, 0]]
     """
+    if isinstance(data, (list, tuple)):
+        data = _place_in_windows(data, batch_idx_list, windows, width)
     indices = list(chain.from_iterable(batch_idx_list))
     is_tensor = isinstance(data, torch.Tensor)
     rows = data.shape[0] if is_tensor else data.batch_size[0]
@@ -272,3 +361,33 @@ def restore_dynamic_batch(
     if data.is_nested:
         return select_nested_rows(data, reverse)
     return data[torch.as_tensor(reverse, dtype=torch.long, device=data.device)]
+
+
+def _place_in_windows(
+    outputs: Sequence[torch.Tensor],
+    batch_idx_list: Sequence[Sequence[int]],
+    windows: Optional[Sequence[tuple[int, int]]],
+    width: Optional[int],
+) -> torch.Tensor:
+    """Per-micro-batch outputs of trimmed widths, each widened back to ``width`` at its window."""
+    if windows is None or width is None:
+        raise ValueError(
+            "a list of per-micro-batch outputs needs windows= (seqbal.padding_windows of the untrimmed batch) "
+            "and width= (its attention_mask.shape[1]) to put their columns back"
+        )
+    if not (len(outputs) == len(windows) == len(batch_idx_list)):
+        raise ValueError(
+            f"got {len(outputs)} outputs, {len(windows)} windows and {len(batch_idx_list)} micro-batches; "
+            f"give one of each per micro-batch"
+        )
+    placed = []
+    for position, (output, (start, stop)) in enumerate(zip(outputs, windows)):
+        if output.dim() < 2 or output.shape[1] != stop - start or stop > width:
+            raise ValueError(
+                f"output {position} has shape {tuple(output.shape)}, but its window ({start}, {stop}) needs "
+                f"width {stop - start} in dimension 1 (within {width} columns)"
+            )
+        full = output.new_zeros((output.shape[0], width, *output.shape[2:]))
+        full[:, start:stop] = output
+        placed.append(full)
+    return torch.cat(placed)
