@@ -270,9 +270,12 @@ class _LocalPlan:
 
 
 def _cost_note(cost_model: CostModel, measured: int, tokens: int) -> str:
-    """`` (costs C under <model>)`` where the cost model changes what a sample counts for."""
-    if cost_model.is_default or measured == tokens:
-        return f" under the {cost_model}" if not cost_model.is_default else ""
+    """What a sample's length becomes under a cost model other than effective tokens: nothing
+    for the default, `` under the <model>``, or `` (M after rounding, under the <model>)``."""
+    if cost_model.is_default:
+        return ""
+    if measured == tokens:
+        return f" under the {cost_model}"
     return f" ({measured} after rounding, under the {cost_model})"
 
 
@@ -641,8 +644,8 @@ def plan_micro_batches(
         ValueError: (:class:`MicroBatchPlanError`) invalid arguments, an empty batch, a negative
             length, a sample or forced group over the cap, or a count that cannot be formed
             (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together; if
-            the ranks passed different ``max_token_len``, ``num_batches_divided_by`` or
-            ``force_group_size``, every rank raises the same error saying so. A ``dp_group``
+            the ranks passed different ``max_token_len``, ``num_batches_divided_by``,
+            ``force_group_size`` or ``cost_model``, every rank raises the same error saying so. A ``dp_group``
             that is not None or a ProcessGroup is an error before any collective.
 
     Examples:

@@ -551,9 +551,11 @@ def build_dp_schedule(
         )
     group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
     group_work = _part_sums(work, groups)
-    group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
-    group_longest = np.array([int(measured[g].max()) for g in groups], dtype=np.int64)
-    group_costs = group_sizes * group_longest if cost.padded else group_tokens
+    group_costs = group_tokens
+    if cost.padded:  # a group costs its samples x its longest; only the padded route needs these
+        group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+        group_longest = _group_maxima(measured, groups, group_sizes)
+        group_costs = group_sizes * group_longest
     over = np.flatnonzero(group_costs > capacity)
     if over.size:
         index = int(over[0])
@@ -608,6 +610,12 @@ def build_dp_schedule(
     ranks = _assign_bins_to_ranks(bin_work, dp_size)
     parts = _refine_ranks(parts, ranks, group_tokens, group_work, capacity)
     return _schedule_of(array, work, groups, parts, ranks, dp_size, max_token_len)
+
+
+def _group_maxima(values: np.ndarray, groups: list[list[int]], sizes: np.ndarray) -> np.ndarray:
+    """Largest value of each (non-empty) group, in one NumPy pass like ``_part_sums``. O(n)."""
+    flat = np.fromiter((i for group in groups for i in group), dtype=np.int64, count=int(sizes.sum()))
+    return np.maximum.reduceat(values[flat], np.cumsum(sizes) - sizes)
 
 
 def _schedule_of(

@@ -280,3 +280,13 @@ def test_padded_schedule_uses_the_exact_global_count_and_balances_ranks() -> Non
     assert all(padded.cost([lengths[i] for i in mb]) <= 16384 for rank in schedule.micro_batches for mb in rank)
     with pytest.raises(ValueError, match="sample 0 has 100 tokens under the padded cost"):
         build_dp_schedule([100, 1], 1, 99, cost_model="padded")
+
+
+def test_padded_schedule_with_uid_groups_of_unequal_sizes_keeps_the_cap() -> None:
+    # groups need not be contiguous nor equal: the longest of each group sets its padded cost
+    lengths = [50, 400, 30, 30, 700, 10, 20, 600, 40, 90]
+    group_ids = ["a", "b", "a", "c", "b", "c", "c", "d", "d", "a"]
+    schedule = build_dp_schedule(lengths, 2, 1600, group_ids=group_ids, cost_model="padded")
+    assert_schedule_invariants(lengths, schedule, 1600, 2, group_ids=group_ids, cost_model="padded")
+    with pytest.raises(ValueError, match=r"group 1 \(samples \[1, 4\]\) costs 1400 under the padded cost"):
+        build_dp_schedule(lengths, 2, 1300, group_ids=group_ids, cost_model="padded")
