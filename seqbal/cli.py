@@ -411,6 +411,7 @@ def format_report(report: dict[str, Any]) -> str:
     source, settings = report["input"], report["settings"]
     ours = report["seqbal"]
     dp = settings["dp"]
+    other_cost = settings["cost_model"] != str(CostModel())  # a cost other than effective tokens
     defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None}
     names = {"group_size": "group size", "divisible_by": "divisible by",
              "min_micro_batches": "min micro-batches", "seed": "seed"}
@@ -419,14 +420,14 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [
         f"input: {source['file']}: {source['samples']} samples, {source['tokens']} tokens, longest {source['max_length']}",
         f"settings: max_token_len={settings['max_token_len']}"
-        + ("" if settings["cost_model"] == str(CostModel()) else f" on the {settings['cost_model']}")
+        + (f" on the {settings['cost_model']}" if other_cost else "")
         + f", dp={dp}" + route
         + (", " + ", ".join(extras) if extras else ""),
         "",
         f"seqbal: {_micro_batches(ours['micro_batches_per_rank'])} per rank"
         + (f", agreed in {ours['all_reduces']} all-reduces" if ours["all_reduces"] else "")
         + f" (planned in {_duration(ours['seconds'])})",
-        format_table(ours["ranks"], with_cost=settings["cost_model"] != str(CostModel())),
+        format_table(ours["ranks"], with_cost=other_cost),
     ]
     strict, single = report["verl_0_9"], report["verl_0_8"]
     if strict is None:
@@ -441,9 +442,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"verl >= 0.9 (strict loop): {strict['micro_batches_per_rank']} micro-batches per rank, "
             f"{strict['kk_passes']} KK pass(es)" + (f", {strict['all_reduces']} all-reduces" if dp > 1 else "")
             + f" ({_duration(strict['seconds'])}), largest {max(r['largest_micro_batch'] for r in strict['ranks'])}"
-            + ("" if settings["cost_model"] == str(CostModel()) else
-               f"; on the {settings['cost_model']}: {sum(r['over_cap'] for r in strict['ranks'])} over the cap, "
-               f"largest cost {max(r['largest_cost'] for r in strict['ranks'])}")
+            + (f"; on the {settings['cost_model']}: {sum(r['over_cap'] for r in strict['ranks'])} over the cap, "
+               f"largest cost {max(r['largest_cost'] for r in strict['ranks'])}" if other_cost else "")
         )
     else:
         lines.append(f"verl >= 0.9 (strict loop): fails, it reaches {strict['failed_at']} micro-batches, more than "
