@@ -25,7 +25,7 @@ import heapq
 import math
 import numbers
 from itertools import chain
-from typing import Any, Optional, Sequence, Union
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -725,8 +725,11 @@ class _Bins:
         self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
-        self.by_room = _SortedPairs(zip([capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
+        self.by_room = _SortedPairs(self._room_pairs())
         self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
+
+    def _room_pairs(self) -> list[tuple[int, int]]:
+        return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
 
     def _add(self, part: int, tokens: int, work: int) -> None:
         self.by_room.remove((self.capacity - self.tokens[part], -part))
@@ -764,38 +767,77 @@ class _Bins:
 
 
 class _RankedBins(_Bins):
-    """:class:`_Bins` on tokens alone (the repair), with each part's members kept as a sorted
-    list of ``(tokens, item)`` pairs, so a repair step searches them without sorting."""
+    """:class:`_Bins` on tokens alone (the repair), where a part's members, once a step looks at
+    them, are kept sorted by ``(tokens, item)`` as two parallel lists (sizes and items), so
+    later steps binary-search them without sorting. Parts are sorted on first use: a try that
+    fails at once sorts a few."""
 
     def __init__(self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> None:
         super().__init__(parts, tokens, tokens, capacity, by_work=False)
-        sizes_of = self.tokens_of
-        self.ranked = [sorted([(sizes_of[i], i) for i in part]) for part in self.members]
-        self.members = []  # ``ranked`` is the membership from here on
+        self._sizes: list[Optional[list[int]]] = [None] * len(self.members)
+        self._items: list[Optional[list[int]]] = [None] * len(self.members)
+
+    def _room_pairs(self) -> list[tuple[int, int]]:
+        # Parts over the capacity are never a target, so ``by_room`` holds only the others: a
+        # step then updates one entry (the target's) instead of two.
+        return [(self.capacity - t, -part) for part, t in enumerate(self.tokens) if t <= self.capacity]
+
+    def _add(self, part: int, tokens: int, work: int) -> None:
+        room = self.capacity - self.tokens[part]
+        if room >= 0:
+            self.by_room.remove((room, -part))
+        self.tokens[part] += tokens
+        if room - tokens >= 0:
+            self.by_room.add((room - tokens, -part))
+
+    def ranked(self, part: int) -> tuple[list[int], list[int]]:
+        """The part's member sizes, ascending, and its items in the same order (ties by index);
+        the lists themselves, kept sorted by :meth:`move` and :meth:`swap`."""
+        sizes = self._sizes[part]
+        if sizes is None:
+            sizes_of = self.tokens_of
+            pairs = sorted([(sizes_of[i], i) for i in self.members[part]])
+            sizes = self._sizes[part] = [size for size, _ in pairs]
+            self._items[part] = [item for _, item in pairs]
+        return sizes, self._items[part]
+
+    def _take(self, part: int, item: int) -> None:
+        sizes, items = self.ranked(part)
+        position = bisect.bisect_left(sizes, self.tokens_of[item])
+        while items[position] != item:  # among equal sizes
+            position += 1
+        del sizes[position], items[position]
+
+    def _put(self, part: int, item: int) -> None:
+        sizes, items = self.ranked(part)
+        size = self.tokens_of[item]
+        position = bisect.bisect_left(sizes, size)
+        while position < len(sizes) and sizes[position] == size and items[position] < item:
+            position += 1
+        sizes.insert(position, size)
+        items.insert(position, item)
 
     def move(self, item: int, source: int, target: int) -> None:
-        pair = (self.tokens_of[item], item)
-        ranked = self.ranked[source]
-        del ranked[bisect.bisect_left(ranked, pair)]
-        bisect.insort(self.ranked[target], pair)
-        self._add(source, -pair[0], 0)
-        self._add(target, pair[0], 0)
+        self._take(source, item)
+        self._put(target, item)
+        self._add(source, -self.tokens_of[item], 0)
+        self._add(target, self.tokens_of[item], 0)
 
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
-        pair_a, pair_b = (self.tokens_of[item_a], item_a), (self.tokens_of[item_b], item_b)
-        ranked_a, ranked_b = self.ranked[bin_a], self.ranked[bin_b]
-        del ranked_a[bisect.bisect_left(ranked_a, pair_a)]
-        del ranked_b[bisect.bisect_left(ranked_b, pair_b)]
-        bisect.insort(ranked_a, pair_b)
-        bisect.insort(ranked_b, pair_a)
-        self._add(bin_a, pair_b[0] - pair_a[0], 0)
-        self._add(bin_b, pair_a[0] - pair_b[0], 0)
+        self._take(bin_a, item_a)
+        self._take(bin_b, item_b)
+        self._put(bin_a, item_b)
+        self._put(bin_b, item_a)
+        shift = self.tokens_of[item_b] - self.tokens_of[item_a]
+        self._add(bin_a, shift, 0)
+        self._add(bin_b, -shift, 0)
 
     def size(self, part: int) -> int:
-        return len(self.ranked[part])
+        items = self._items[part]
+        return len(self.members[part]) if items is None else len(items)
 
     def result(self) -> list[list[int]]:
-        return [sorted([item for _, item in part]) for part in self.ranked]
+        return [sorted(members if items is None else items) for members, items in zip(self.members, self._items)]
 
 
 def repair_over_capacity(
@@ -823,6 +865,14 @@ def repair_over_capacity(
     """
     size = _as_int_array(tokens, "tokens")
     _check_capacity_value(capacity)
+    return _repair(parts, size, capacity, max_steps)[0]
+
+
+def _repair(
+    parts: Sequence[Sequence[int]], size: np.ndarray, capacity: int, max_steps: Optional[int]
+) -> tuple[Optional[list[list[int]]], int]:
+    """:func:`repair_over_capacity` on a validated array, with the number of parts still over
+    the capacity when it gives up (0 on success): how far the try was from a partition."""
     state = _RankedBins(parts, size, capacity)
     steps = max_steps if max_steps is not None else 4 * len(size) + 16
     over = [(capacity - load, part) for part, load in enumerate(state.tokens) if load > capacity]  # most excess first
@@ -831,26 +881,23 @@ def repair_over_capacity(
         room, worst = heapq.heappop(over)
         if room != state.room(worst):  # stale: only the worst part's room changes by a step
             continue
-        if steps <= 0 or state.size(worst) < 2:
-            return None
+        if steps <= 0 or state.size(worst) < 2 or not _repair_step(state, worst, -room):
+            return None, sum(load > capacity for load in state.tokens)
         steps -= 1
-        if not _repair_step(state, worst, -room):
-            return None
         if state.room(worst) < 0:
             heapq.heappush(over, (state.room(worst), worst))
-    return state.result()
+    return state.result(), 0
 
 
 def _repair_step(state: _RankedBins, worst: int, excess: int) -> bool:
-    ranked = state.ranked[worst]
-    member_sizes = [size for size, _ in ranked]
-    members = [item for _, item in ranked]
+    member_sizes, members = state.ranked(worst)
     rooms = state.by_room
     # Moves: the smallest item that clears the excess and fits somewhere, else the largest
     # positive item that fits somewhere (keeping at least one item in the part). The worst
     # part has negative room, so it is never the part with most room nor a best-fit target.
-    top_room, top_part = rooms.last()
-    max_room = top_room if -top_part != worst else -1
+    if not rooms.blocks:
+        return False  # every part is over the capacity
+    max_room = rooms.last()[0]  # the worst part is over the capacity, so not in ``rooms``
     movable_end = bisect.bisect_right(member_sizes, max_room)
     if len(members) > 1 and movable_end:
         clear = bisect.bisect_left(member_sizes, excess)
@@ -867,17 +914,17 @@ def _repair_step(state: _RankedBins, worst: int, excess: int) -> bool:
         other = -negated
         if room <= 0 or (best is not None and room <= best[0]):
             break  # a swap gains at most the other part's room, and rooms only get smaller
-        if other == worst:
-            continue
-        other_ranked = state.ranked[other]
-        for item, item_size in zip(members, member_sizes):
+        other_sizes, other_items = state.ranked(other)
+        # Only members larger than the other part's smallest item can trade down.
+        for position in range(bisect.bisect_right(member_sizes, other_sizes[0]), len(members)):
+            item_size = member_sizes[position]
             # need 0 < item_size - other_size <= room; the largest gain is the smallest
             # other item with size >= item_size - room.
-            j = bisect.bisect_left(other_ranked, (item_size - room, -1))
-            if j < len(other_ranked) and other_ranked[j][0] < item_size:
-                gain = min(item_size - other_ranked[j][0], excess)
+            j = bisect.bisect_left(other_sizes, item_size - room)
+            if j < len(other_sizes) and other_sizes[j] < item_size:
+                gain = min(item_size - other_sizes[j], excess)
                 if best is None or gain > best[0]:
-                    best = (gain, item, other_ranked[j][1], other)
+                    best = (gain, members[position], other_items[j], other)
         if best is not None and best[0] >= excess:
             break
     if best is None:
@@ -1075,8 +1122,20 @@ REPAIR_STEPS_PER_OVER = 3
 #: with an unlimited repair: every pass is cheap there, and small inputs are where a missed
 #: count costs most (one micro-batch of a few).
 THOROUGH_ITEMS = 256
-#: Counts tried one by one from the bound before the count search jumps below the packing.
+#: Counts tried one by one from the bound before the count search jumps below the packing...
 LINEAR_TRIES = 3
+#: ... unless a try stalls: every start's repair gets stuck with more than this fraction of its
+#: over-cap parts still over. The next count then stalls too on every benchmark input (the
+#: worst part cannot be improved by any move or swap), so the search goes on below the packing.
+STALLED_FRACTION = 0.9
+
+
+class _Try(NamedTuple):
+    """What one feasibility try at a count found."""
+
+    parts: Optional[list[list[int]]]  #: a cap-respecting partition into the count, or None
+    on_work: bool  #: ``parts`` came from a start balanced on workloads
+    stalled: bool  #: on failure, every start's repair left most of its over-cap parts over
 
 
 def _fit_in(
@@ -1086,10 +1145,9 @@ def _fit_in(
     k: int,
     thorough: bool = False,
     orders: Optional[tuple[list[int], list[int]]] = None,
-) -> Optional[tuple[list[list[int]], bool]]:
-    """Some partition into ``k`` non-empty parts within ``capacity``, and whether it came from a
-    start balanced on workloads; ``None`` if none was found. The feasibility try of the count
-    search, with the same methods at every count of one search.
+) -> _Try:
+    """The feasibility try of the count search: some partition into ``k`` non-empty parts within
+    ``capacity``, with the same methods at every count of one search.
 
     LPT on workloads, then LPT on tokens (largest first into the part with the smallest sum),
     each repaired by :func:`repair_over_capacity` with :data:`REPAIR_STEPS_PER_OVER` steps per
@@ -1100,25 +1158,27 @@ def _fit_in(
     O(n log k) plus the repair steps; O(n k) more when ``thorough``.
     """
     if k > len(tokens):
-        return None
+        return _Try(None, False, True)
     if orders is None:
         orders = (_descending(work), _descending(tokens))
     starts = [(lambda: _greedy_balance(work, k, orders[0]), True), (lambda: _greedy_balance(tokens, k, orders[1]), False)]
     if thorough:
         starts += [(lambda: karmarkar_karp(work, k, equal_size=False), True),
                    (lambda: karmarkar_karp(tokens, k, equal_size=False), False)]
+    stalled = True
     for start, on_work in starts:
         parts = start()
         if not all(parts):
             continue
         over = int((_part_sums(tokens, parts) > capacity).sum())
         if not over:
-            return parts, on_work
+            return _Try(parts, on_work, False)
         steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
-        repaired = repair_over_capacity(parts, tokens, capacity, max_steps=steps)
+        repaired, left = _repair(parts, tokens, capacity, steps)
         if repaired is not None:
-            return repaired, on_work
-    return None
+            return _Try(repaired, on_work, False)
+        stalled = stalled and left > STALLED_FRACTION * over
+    return _Try(None, False, stalled)
 
 
 def _has_slack(n: int, k: int) -> bool:
@@ -1201,8 +1261,7 @@ def _balance_at(
     if candidate is None and feasible is not None and len(feasible) <= k:
         candidate = split_bins_to_count(feasible, size, k, weights=work)
     if candidate is None and feasible is None:  # no fallback: try hard (callers probing a count)
-        found = _fit_in(size, work, capacity, k, thorough=True)
-        candidate = found[0] if found is not None else None
+        candidate = _fit_in(size, work, capacity, k, thorough=True).parts
     if candidate is None:
         return None
     return rebalance_within_capacity(candidate, size, work, capacity)
@@ -1287,20 +1346,24 @@ def _search_count(
     # packing, the count most likely to work; then bisection between the last failure and the
     # smallest success. Every probe is the same try, and a success at m settles every count
     # above m (split the partition), so the predicate searched is monotone by construction.
+    # A stalled try ends the one-by-one tries (see STALLED_FRACTION); bisection may still
+    # come back to their counts.
     probes = [low + i * step for i in range(LINEAR_TRIES)]
+    stalled = False
     for count in probes + [packed - step]:
-        if not failed < count < found:
+        if not failed < count < found or (stalled and count != packed - step):
             continue
         tried = _fit_in(size, work, capacity, count, thorough, orders)
-        if tried is not None:
-            found, (known, balanced) = count, tried
+        if tried.parts is not None:
+            found, known, balanced = count, tried.parts, tried.on_work
             break
-        failed = count
+        failed, stalled = count, tried.stalled
+
     while found - failed > step:  # bisect (failed, found)
         middle = failed + (found - failed) // (2 * step) * step
         tried = _fit_in(size, work, capacity, middle, thorough, orders)
-        if tried is not None:
-            found, (known, balanced) = middle, tried
+        if tried.parts is not None:
+            found, known, balanced = middle, tried.parts, tried.on_work
         else:
             failed = middle
     return found, known, balanced
