@@ -338,3 +338,17 @@ def test_docs_schedule_snippets_run():
     namespace: dict = {}
     for block in blocks:
         exec(compile(block, str(doc), "exec"), namespace)  # noqa: S102 - our own documentation
+
+
+def test_refine_ranks_stops_within_a_tenth_of_a_percent_of_the_mean_rank():
+    from seqbal.schedule import _refine_ranks
+
+    tokens = np.ones(4, dtype=np.int64)
+    # Ranks weigh 100060 and 99990 (mean 100025, within 0.1%): moving group 1 would even them
+    # out a little more, but the refinement stops before trying.
+    work = np.array([100000, 60, 99980, 10], dtype=np.int64)
+    parts, ranks = [[0, 1], [2, 3]], [[0], [1]]
+    assert _refine_ranks(parts, ranks, tokens, work, 10) == [[0, 1], [2, 3]]
+    # 1% apart, the move is made.
+    work = np.array([100000, 1000, 98990, 10], dtype=np.int64)
+    assert _refine_ranks(parts, ranks, tokens, work, 10) == [[0], [1, 2, 3]]
