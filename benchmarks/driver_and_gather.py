@@ -1,23 +1,26 @@
 """Two more planning-cost ratios (issue 10): the driver schedule and the copy around the plan.
 
-    python -m benchmarks.driver_and_gather                 # both, 3 repeats, worst ratio shown
-    python -m benchmarks.driver_and_gather --repeats 5
+    python -m benchmarks.driver_and_gather                 # both, 5 repeats: median and worst round
+    python -m benchmarks.driver_and_gather --repeats 3 --caps 16384
 
-1. ``build_dp_schedule`` on 32768 samples over 32 ranks (cap 16384), as a ratio to one
-   best-fit-decreasing pass on the same lengths, for the lognormal, bimodal and GRPO families
-   of ``benchmarks/workloads.py`` (GRPO with ``force_group_size=8``).
+1. ``build_dp_schedule`` on 32768 samples over 32 ranks, as a ratio to one
+   best-fit-decreasing pass on the same lengths, for the long-response families of
+   ``benchmarks/workloads.py`` (lognormal, bimodal, uniform, pareto, the Qwen rollouts) and
+   GRPO groups (``force_group_size=8``), at caps 16384 and 32768 (``--caps``).
 2. ``rearrange_micro_batches`` minus the plan, as a ratio to one gather of the whole batch
    (``batch[perm]``), on a verl-shaped batch: ``input_ids`` as a nested (jagged) tensor,
    a dense int64 ``attention_mask`` and ``position_ids``, and a per-sample ``uid``
    (4096 lognormal samples, cap 16384).
 
-CPU time (``time.process_time``) in one process, measured side by side; the ratio reported is
-the worst over the repeats.
+CPU time (``time.process_time``) in one process, measured side by side, each timed call after
+a garbage collection; the median ratio over the repeats and the worst round are reported.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,23 +33,33 @@ from seqbal import best_fit_decreasing_partitions, build_dp_schedule, plan_micro
 
 
 def cpu(fn) -> float:
+    gc.collect()  # every timed call starts from the same collector state
     start = time.process_time()
     fn()
     return time.process_time() - start
 
 
-def schedule_ratios(repeats: int, n: int = 32768, dp: int = 32, cap: int = 16384) -> list[str]:
-    lines = ["| family | samples | ranks | cap | BFD pass ms | build_dp_schedule ms | ratio (worst) |", "|---|---|---|---|---|---|---|"]
-    for family in ("lognormal", "bimodal_rl", "grpo_groups"):
-        lengths, group = workloads.families()[family](n, cap, workloads.case_seed(family, n, cap))
-        ratios, bfds, plans = [], [], []
-        for _ in range(repeats):
-            bfd = cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
-            plan = cpu(lambda: build_dp_schedule(lengths, dp, cap, force_group_size=group))
-            bfds.append(bfd)
-            plans.append(plan)
-            ratios.append(plan / bfd)
-        lines.append(f"| {family} | {n} | {dp} | {cap} | {1e3 * min(bfds):.0f} | {1e3 * min(plans):.0f} | {max(ratios):.1f}x |")
+SCHEDULE_FAMILIES = ("lognormal", "bimodal_rl", "uniform", "pareto", "real_qwen_rollouts", "grpo_groups")
+
+
+def schedule_ratios(repeats: int, caps=(16384, 32768), n: int = 32768, dp: int = 32) -> list[str]:
+    lines = ["| family | samples | ranks | cap | BFD pass ms | build_dp_schedule ms | ratio (median) | ratio (worst round) |",
+             "|---|---|---|---|---|---|---|---|"]
+    available = workloads.families()
+    for family in SCHEDULE_FAMILIES:
+        if family not in available:
+            continue  # a real family without its length list
+        for cap in caps:
+            lengths, group = available[family](n, cap, workloads.case_seed(family, n, cap))
+            ratios, bfds, plans = [], [], []
+            for _ in range(repeats):
+                bfd = cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
+                plan = cpu(lambda: build_dp_schedule(lengths, dp, cap, force_group_size=group))
+                bfds.append(bfd)
+                plans.append(plan)
+                ratios.append(plan / bfd)
+            lines.append(f"| {family} | {n} | {dp} | {cap} | {1e3 * min(bfds):.0f} | {1e3 * min(plans):.0f} | "
+                         f"{statistics.median(ratios):.1f}x | {max(ratios):.1f}x |")
     return lines
 
 
@@ -83,19 +96,20 @@ def gather_ratio(repeats: int, n: int = 4096, cap: int = 16384) -> list[str]:
         extras.append(call - plan)
         ratios.append((call - plan) / gather)
     return [
-        "| batch | gather `batch[perm]` ms | rearrange minus plan ms | ratio (worst) |",
-        "|---|---|---|---|",
+        "| batch | gather `batch[perm]` ms | rearrange minus plan ms | ratio (median) | ratio (worst round) |",
+        "|---|---|---|---|---|",
         f"| {n} samples, nested input_ids, dense mask, position_ids, uid; cap {cap} | {1e3 * min(gathers):.0f} | "
-        f"{1e3 * min(extras):.0f} | {max(ratios):.2f}x |",
+        f"{1e3 * min(extras):.0f} | {statistics.median(ratios):.2f}x | {max(ratios):.2f}x |",
     ]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--caps", nargs="*", type=int, default=[16384, 32768])
     parser.add_argument("--skip-gather", action="store_true")
     args = parser.parse_args(argv)
-    print("\n".join(schedule_ratios(args.repeats)), flush=True)
+    print("\n".join(schedule_ratios(args.repeats, args.caps)), flush=True)
     if not args.skip_gather:
         print()
         print("\n".join(gather_ratio(args.repeats)))
