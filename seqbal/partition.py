@@ -385,10 +385,12 @@ def _balanced_parts(work: np.ndarray, k: int) -> list[list[int]]:
     best, best_heaviest = [], 0
     for per_chunk in (k, max(k // 2, 1)):
         parts = _chunked_karmarkar_karp(work, k, per_chunk)
+        if not all(parts):  # a part of padding alone (possible with many zero workloads)
+            continue
         heaviest = int(_part_sums(work, parts).max())
         if not best or heaviest < best_heaviest:
             best, best_heaviest = parts, heaviest
-    return best
+    return best or karmarkar_karp(work, k, equal_size=False)
 
 
 def _groups_from_assignment(assignment: np.ndarray, k: int) -> list[list[int]]:

@@ -43,6 +43,54 @@ def test_a_try_that_fails_above_a_working_count_does_not_hide_it():
     assert_plan_invariants(lengths, parts, 4096)
 
 
+def _bimodal_rollouts(seed: int, n: int = 1024, cap: int = 4096) -> np.ndarray:
+    """Prompts of 64-512 tokens, lognormal responses, a quarter cut at the longest response."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(64, 513, n)
+    response = np.minimum(rng.lognormal(np.log(400), 0.5, n), cap - 512)
+    response = np.where(rng.random(n) < 0.25, cap - 512, response)
+    return np.clip(np.rint(prompt + response), 1, cap).astype(np.int64)
+
+
+def test_a_stalled_try_ends_the_one_by_one_counts(monkeypatch):
+    # At the bound (392) the repairs find no move or swap at all; the counts just above it
+    # would stall too, so the search goes straight to one below the packing (396).
+    import seqbal.partition as partition
+
+    lengths = _bimodal_rollouts(12)
+    tried = []
+    original = partition._fit_in
+
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
+        tried.append((args[3], result.parts is not None, result.stalled))
+        return result
+
+    monkeypatch.setattr(partition, "_fit_in", recording)
+    count, parts = smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)
+    assert packing_lower_bound(lengths, 4096) == 392 and len(best_fit_decreasing_partitions(lengths, 4096)) == 396
+    assert tried == [(392, False, True), (395, False, True)]
+    assert count == len(parts) == 396
+
+
+def test_a_repair_close_to_done_searches_wider(monkeypatch):
+    # 569 of the shipped rollouts at cap 4096: the try at the bound (67) is left with a few
+    # over-cap parts that no swap with the 16 roomiest parts fixes; the wider search does.
+    from importlib.resources import files
+
+    import seqbal.partition as partition
+
+    shipped = np.loadtxt(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)
+    rng = np.random.default_rng(16)
+    lengths = rng.choice(shipped, size=int(rng.integers(300, 800)), replace=False)
+    assert len(lengths) == 569 and packing_lower_bound(lengths, 4096) == 67
+    parts = plan_micro_batches(lengths, 4096)
+    assert len(parts) == 67
+    assert_plan_invariants(lengths, parts, 4096)
+    monkeypatch.setattr(partition, "REPAIR_SWAP_PARTS_CLOSE", partition.REPAIR_SWAP_PARTS)
+    assert smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)[0] == 68
+
+
 def test_known_partition_settles_every_larger_count():
     # The predicate the search runs over: once k parts are known, k + 1 .. n all succeed.
     lengths = np.random.default_rng(5).integers(300, 1500, 64)

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbal.partition import (
+    _balanced_parts,
+    _chunked_karmarkar_karp,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
     ceildiv,
@@ -104,6 +106,41 @@ def test_kk_equal_size_property(k, per_part, data):
     assert all(p == sorted(p) for p in parts)
 
 
+# ------------------------------------------------------------------ chunked KK (the balance at scale)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=150), st.data())
+def test_chunked_kk_is_a_partition_and_full_chunks_give_equal_counts(values, data):
+    k = data.draw(st.integers(1, len(values)))
+    per_chunk = data.draw(st.integers(1, k))
+    array = np.asarray(values, dtype=np.int64)
+    parts = _chunked_karmarkar_karp(array, k, per_chunk)
+    assert len(parts) == k and sorted(i for p in parts for i in p) == list(range(len(values)))
+    assert all(p == sorted(p) for p in parts)
+    assert _chunked_karmarkar_karp(array, k, per_chunk) == parts
+    full = _chunked_karmarkar_karp(array, k, k)  # one item of every chunk in every part
+    assert {len(p) for p in full} <= {len(values) // k, -(-len(values) // k)}
+    assert all(full)
+
+
+def test_balanced_parts_is_close_to_item_kk_and_never_leaves_a_part_empty():
+    rng = np.random.default_rng(3)
+    heavy_tail = (64 + 200 * rng.pareto(1.5, 4096)).astype(np.int64)
+    work = heavy_tail * heavy_tail + 24576 * heavy_tail
+    for k in (40, 400):
+        chunked = max(sums(work, _balanced_parts(work, k)))
+        item_level = max(sums(work, karmarkar_karp(work, k, equal_size=False)))
+        assert chunked <= 1.01 * item_level
+    # Full chunks alone give a long sequence a full share of short ones: 1.28x at k = 40.
+    full = max(sums(work, _chunked_karmarkar_karp(work, 40, 40)))
+    assert full > 1.2 * max(sums(work, karmarkar_karp(work, 40, equal_size=False)))
+    mostly_zero = np.zeros(2048, dtype=np.int64)
+    mostly_zero[:5] = [9, 8, 7, 6, 5]
+    parts = _balanced_parts(mostly_zero, 600)
+    assert_is_partition(parts, 2048, 600)
+
+
 # ------------------------------------------------------------------ lower bound and packers
 
 
@@ -164,6 +201,16 @@ def test_rebalance_never_breaks_the_cap_nor_raises_the_maximum(capacity, data):
     assert_is_partition(rebalanced, len(sizes), len(bins))
     assert max(sums(sizes, rebalanced)) <= capacity
     assert max(sums(work, rebalanced)) <= max(sums(work, bins))
+
+
+def test_rebalance_stops_within_a_tenth_of_a_percent_of_the_bound():
+    # Moving item 1 would lower the heaviest part from 100060 to 100050, but 100060 is already
+    # within 0.1% of the bound ceil(200050 / 2) = 100025: the rebalance leaves it.
+    work = [100000, 60, 99990]
+    assert rebalance_within_capacity([[0, 1], [2]], [1, 1, 1], work, 10) == [[0, 1], [2]]
+    # Further from the bound, the same move is made.
+    work = [100000, 600, 99400]
+    assert rebalance_within_capacity([[0, 1], [2]], [1, 1, 1], work, 10) == [[0], [1, 2]]
 
 
 # ------------------------------------------------------------------ capped balancing
