@@ -81,8 +81,9 @@ def test_scale_and_driver_harnesses_run():
 
     row = scale.one(3000, 4096)
     assert row["bound"] <= row["count"] and row["peak_mb"] >= 0
-    lines = driver_and_gather.schedule_ratios(1, n=512, dp=4, cap=16384)
-    assert len(lines) == 5 and all(line.startswith("|") for line in lines)
+    lines = driver_and_gather.schedule_ratios(1, caps=(16384,), n=512, dp=4)
+    families = [f for f in driver_and_gather.SCHEDULE_FAMILIES if f in workloads.families()]
+    assert len(lines) == 2 + len(families) and all(line.startswith("|") for line in lines)
 
 
 def test_exact_counts_harness_runs(capsys):
