@@ -553,6 +553,71 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
     return [sorted(b) for b in bins]
 
 
+def _reserving_fill_partitions(sizes: np.ndarray, capacity: int) -> list[list[int]]:
+    """A cap-respecting packing that fills one bin at a time: the largest item left opens it,
+    then it takes the largest item that still leaves room for the smallest item left, and last
+    the largest item that fits. Items must be ``<= capacity``.
+
+    Best-fit decreasing puts two large items together and leaves a hole no item fills (two
+    items just over a third of the cap, then nothing); reserving room for the smallest item
+    makes large-small-middle triples instead. Near a third of the cap this packs 8% fewer bins
+    than best-fit decreasing (90,140 against 98,135 for 262,144 samples at cap 4096), on
+    mixed real lengths about as many (from 1% fewer to 0.2% more), which is why the count
+    search takes the better of the two.
+
+    Complexity: O(n log n): a binary search and a union-find lookup ("largest item left at or
+    below a position", near O(1) amortised) per item. Bins in opening order, indices ascending.
+
+    >>> sizes = np.array([1500, 1450, 1400, 1300, 1250, 1200])
+    >>> _reserving_fill_partitions(sizes, 4096), len(best_fit_decreasing_partitions(sizes, 4096))
+    ([[0, 3, 4], [1, 2, 5]], 3)
+    """
+    n = len(sizes)
+    order = np.lexsort((np.arange(n), sizes))  # ascending size, index breaks ties
+    size_at = [-1] + sizes[order].tolist()  # position 0 is a sentinel below every item
+    item_at = [-1] + order.tolist()
+    left_of = list(range(n + 1))  # left_of[p] == p: the item at p is still unpacked
+
+    def largest_left(position: int) -> int:
+        """The largest unpacked position <= ``position`` (0 if none), with path compression."""
+        root = position
+        while left_of[root] != root:
+            root = left_of[root]
+        while left_of[position] != root:
+            left_of[position], position = root, left_of[position]
+        return root
+
+    def take(position: int) -> int:
+        left_of[position] = position - 1
+        return item_at[position]
+
+    bins: list[list[int]] = []
+    smallest = 1  # the smallest unpacked position: it only moves up
+    for _ in range(n):  # at most n bins; stops when every item is packed
+        top = largest_left(n)
+        if top == 0:
+            break
+        room = capacity - size_at[top]
+        members = [take(top)]
+        while True:
+            while smallest <= n and left_of[smallest] != smallest:
+                smallest += 1
+            if smallest > n or size_at[smallest] > room:
+                break
+            # The largest item that leaves room for the smallest one; if only the smallest
+            # itself does, the largest item that fits, and the bin is done.
+            position = largest_left(bisect.bisect_right(size_at, room - size_at[smallest]) - 1)
+            last = position <= smallest
+            if last:
+                position = largest_left(bisect.bisect_right(size_at, room) - 1)
+            room -= size_at[position]
+            members.append(take(position))
+            if last:
+                break
+        bins.append(sorted(members))
+    return bins
+
+
 def _check_is_partition(bins: Sequence[Sequence[Any]], n: int) -> None:
     """ValueError unless ``bins`` hold every index ``0..n-1`` exactly once. O(n)."""
     seen = np.zeros(n, dtype=bool)
@@ -1336,6 +1401,10 @@ def smallest_feasible_partitions(
     if k0 > n:
         return k0, None
     packing = best_fit_decreasing_partitions(size, capacity)
+    if roundup_divisible(len(packing), step) > k0:  # a search would run: another packing may land lower
+        filled = _reserving_fill_partitions(size, capacity)
+        if len(filled) < len(packing):
+            packing = filled
     count, known, balanced = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
     if count > n:
         return count, None
@@ -1379,6 +1448,8 @@ def _search_count(
             break
         failed, stalled = count, tried.stalled
 
+    failures = {count for count in probes if count <= failed}  # counts whose try failed
+    bisected = found - failed > step
     while found - failed > step:  # bisect (failed, found)
         middle = failed + (found - failed) // (2 * step) * step
         tried = _fit_in(size, work, capacity, middle, thorough, orders)
@@ -1386,4 +1457,16 @@ def _search_count(
             found, known, balanced = middle, tried.parts, tried.on_work
         else:
             failed = middle
+            failures.add(middle)
+    if bisected:
+        # The try is not monotone: it can work below a count where it failed (on rng(91) it
+        # works at 89 and 90 and fails at 91, where bisection stops). So the counts below the
+        # last failure are tried downwards, until one fails or was seen to fail.
+        count = found - 2 * step
+        while count >= low and count not in failures:
+            tried = _fit_in(size, work, capacity, count, thorough, orders)
+            if tried.parts is None:
+                break
+            found, known, balanced = count, tried.parts, tried.on_work
+            count -= step
     return found, known, balanced

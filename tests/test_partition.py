@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from seqbal.partition import (
     _balanced_parts,
     _chunked_karmarkar_karp,
+    _reserving_fill_partitions,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
     ceildiv,
@@ -201,6 +202,30 @@ def test_rebalance_never_breaks_the_cap_nor_raises_the_maximum(capacity, data):
     assert_is_partition(rebalanced, len(sizes), len(bins))
     assert max(sums(sizes, rebalanced)) <= capacity
     assert max(sums(work, rebalanced)) <= max(sums(work, bins))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 500), st.data())
+def test_reserving_fill_is_a_cap_respecting_packing(capacity, data):
+    sizes = np.asarray(data.draw(st.lists(st.integers(0, capacity), max_size=80)), dtype=np.int64)
+    bins = _reserving_fill_partitions(sizes, capacity)
+    if len(sizes):
+        assert_is_partition(bins, len(sizes))
+        assert max(sums(sizes, bins)) <= capacity
+        assert len(bins) >= packing_lower_bound(sizes, capacity)
+    else:
+        assert bins == []
+    assert all(b == sorted(b) for b in bins)
+
+
+def test_reserving_fill_makes_triples_where_best_fit_makes_pairs():
+    # Near a third of the cap, best-fit decreasing pairs the large items and strands the rest.
+    sizes = np.random.default_rng(13).integers(1160, 1570, 3000)
+    filled = _reserving_fill_partitions(sizes, 4096)
+    assert max(sums(sizes, filled)) <= 4096
+    assert len(filled) < 0.95 * len(best_fit_decreasing_partitions(sizes, 4096))
+    count, parts = smallest_feasible_partitions(sizes, sizes * sizes, 4096)
+    assert count == len(parts) <= len(filled)
 
 
 def test_rebalance_stops_within_a_tenth_of_a_percent_of_the_bound():
