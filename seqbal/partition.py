@@ -579,13 +579,11 @@ def _reserving_fill_partitions(sizes: np.ndarray, capacity: int) -> list[list[in
     left_of = list(range(n + 1))  # left_of[p] == p: the item at p is still unpacked
 
     def largest_left(position: int) -> int:
-        """The largest unpacked position <= ``position`` (0 if none), with path compression."""
-        root = position
-        while left_of[root] != root:
-            root = left_of[root]
-        while left_of[position] != root:
-            left_of[position], position = root, left_of[position]
-        return root
+        """The largest unpacked position <= ``position`` (0 if none), halving the path."""
+        while left_of[position] != position:
+            left_of[position] = left_of[left_of[position]]
+            position = left_of[position]
+        return position
 
     def take(position: int) -> int:
         left_of[position] = position - 1
@@ -1150,12 +1148,17 @@ def _greedy_balance(values: np.ndarray, k: int, order: Optional[list[int]] = Non
         order = _descending(values)
     value_list = values.tolist()
     parts: list[list[int]] = [[item] for item in order[:k]]
-    heap = [(value_list[item], part) for part, item in enumerate(order[:k])]
+    # A heap of single ints ``sum << shift | part`` orders like (sum, part) tuples (values are
+    # non-negative) and is half again as fast: no tuple to build or compare per item.
+    shift = max(k - 1, 1).bit_length()
+    mask = (1 << shift) - 1
+    heap = [(value_list[item] << shift) | part for part, item in enumerate(order[:k])]
     heapq.heapify(heap)
+    replace = heapq.heapreplace
     for item in order[k:]:
-        total, part = heap[0]
-        parts[part].append(item)
-        heapq.heapreplace(heap, (total + value_list[item], part))
+        key = heap[0]
+        parts[key & mask].append(item)
+        replace(heap, key + (value_list[item] << shift))
     return parts
 
 
@@ -1173,22 +1176,25 @@ def _capped_greedy(tokens: np.ndarray, work: np.ndarray, capacity: int, k: int) 
     """
     order = np.lexsort((np.arange(len(work)), -work)).tolist()
     work_list, token_list = work.tolist(), tokens.tolist()
-    heap = [(0, part) for part in range(k)]
+    shift = max(k - 1, 1).bit_length()  # heap keys ``workload << shift | part``, as in _greedy_balance
+    mask = (1 << shift) - 1
+    heap = list(range(k))
     load = [0] * k
     parts: list[list[int]] = [[] for _ in range(k)]
-    skipped: list[tuple[int, int]] = []
+    skipped: list[int] = []
     budget = 2 * len(order) + 64  # skipped parts in total; past it the greedy is not worth it
     for item in order:
         size = token_list[item]
-        while heap and load[heap[0][1]] + size > capacity:
+        while heap and load[heap[0] & mask] + size > capacity:
             skipped.append(heapq.heappop(heap))
             budget -= 1
         if not heap or budget < 0:
             return None
-        total, part = heap[0]
+        key = heap[0]
+        part = key & mask
         parts[part].append(item)
         load[part] += size
-        heapq.heapreplace(heap, (total + work_list[item], part))
+        heapq.heapreplace(heap, key + (work_list[item] << shift))
         for entry in skipped:
             heapq.heappush(heap, entry)
         skipped.clear()
@@ -1220,6 +1226,7 @@ class _Try(NamedTuple):
 
     parts: Optional[list[list[int]]]  #: a cap-respecting partition into the count, or None
     on_work: bool  #: ``parts`` came from a start balanced on workloads
+    repaired: bool  #: ``parts`` needed a repair (the start broke the cap)
     stalled: bool  #: on failure, every start's repair left most of its over-cap parts over
 
 
@@ -1243,7 +1250,7 @@ def _fit_in(
     O(n log k) plus the repair steps; O(n k) more when ``thorough``.
     """
     if k > len(tokens):
-        return _Try(None, False, True)
+        return _Try(None, False, False, True)
     if orders is None:
         orders = (_descending(work), _descending(tokens))
     starts = [(lambda: _greedy_balance(work, k, orders[0]), True), (lambda: _greedy_balance(tokens, k, orders[1]), False)]
@@ -1257,13 +1264,13 @@ def _fit_in(
             continue
         over = int((_part_sums(tokens, parts) > capacity).sum())
         if not over:
-            return _Try(parts, on_work, False)
+            return _Try(parts, on_work, False, False)
         steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
         repaired, left = _repair(parts, tokens, capacity, steps)
         if repaired is not None:
-            return _Try(repaired, on_work, False)
+            return _Try(repaired, on_work, True, False)
         stalled = stalled and left > STALLED_FRACTION * over
-    return _Try(None, False, stalled)
+    return _Try(None, False, False, stalled)
 
 
 def _has_slack(n: int, k: int) -> bool:
@@ -1323,24 +1330,31 @@ def _balance_at(
     capacity: int,
     k: int,
     feasible: Optional[Sequence[Sequence[int]]],
-    balanced_start: Optional[list[list[int]]] = None,
+    found_by: Optional["_Try"] = None,
 ) -> Optional[list[list[int]]]:
-    """The body of :func:`capped_balanced_partitions` on validated arrays. ``balanced_start``
-    is a cap-respecting partition into exactly ``k`` parts that the count search repaired from
-    a workload-balanced start. Where the balanced KK breaks the cap, it replaces the repair of
-    the KK on inputs of :data:`CHUNKED_KK_MIN_ITEMS` items or more (a repair there costs up to
-    a few best-fit-decreasing passes, and the search already paid for one at this count); on
-    smaller inputs it is the fallback if that repair fails."""
+    """The body of :func:`capped_balanced_partitions` on validated arrays. ``found_by`` is the
+    count search's try that made ``feasible`` at exactly ``k`` parts, if one did. When that try
+    started from a workload balance (LPT), its partition replaces, on inputs of
+    :data:`CHUNKED_KK_MIN_ITEMS` items or more, the repair of the balanced KK where the KK
+    breaks the cap (a repair costs up to a few best-fit-decreasing passes, and the search
+    already paid for one at this count); and if the LPT start itself broke the cap, the KK
+    (balanced on workloads too) is not tried at all. On smaller inputs it is the fallback if
+    the KK's repair fails."""
     n = len(size)
     candidate = None
+    balanced_start = feasible if found_by is not None and found_by.on_work else None
+    reuse = balanced_start is not None and n >= CHUNKED_KK_MIN_ITEMS
     if _has_slack(n, k):
-        parts = _balanced_parts(work, k)
-        if _within(parts, size, capacity):
-            return parts
-        if balanced_start is not None and n >= CHUNKED_KK_MIN_ITEMS:
-            candidate = balanced_start  # the count search already paid for a repair at this count
+        if reuse and found_by.repaired:
+            candidate = [list(part) for part in balanced_start]
         else:
-            candidate = repair_over_capacity(parts, size, capacity) or balanced_start
+            parts = _balanced_parts(work, k)
+            if _within(parts, size, capacity):
+                return parts
+            if reuse:
+                candidate = [list(part) for part in balanced_start]
+            else:
+                candidate = repair_over_capacity(parts, size, capacity) or balanced_start
     if candidate is None:
         candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
@@ -1405,10 +1419,10 @@ def smallest_feasible_partitions(
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing = filled
-    count, known, balanced = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
+    count, known, found_by = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
     if count > n:
         return count, None
-    return count, _balance_at(size, work, capacity, count, known, known if balanced else None)
+    return count, _balance_at(size, work, capacity, count, known, found_by)
 
 
 def _search_count(
@@ -1419,17 +1433,16 @@ def _search_count(
     packed: int,
     step: int,
     packing: list[list[int]],
-) -> tuple[int, list[list[int]], bool]:
+) -> tuple[int, list[list[int]], Optional[_Try]]:
     """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
-    with that partition (at most that many parts) and whether a try at that count made it from
-    a workload start (then it has exactly that many parts). See
-    :func:`smallest_feasible_partitions`."""
+    with that partition (at most that many parts) and the try that made it at that count
+    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`."""
     if low >= packed:
-        return low, packing, False
+        return low, packing, None
     # Decided once, so every count of this search gets the same try: small inputs get every start.
     thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
     orders = (_descending(work), _descending(size))  # the same for every try
-    failed, found, known, balanced = low - step, packed, packing, False  # the largest count known to fail; the smallest known to work
+    failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
     # bound, and a try can fail just above a count where it works); then one step below the
     # packing, the count most likely to work; then bisection between the last failure and the
@@ -1444,7 +1457,7 @@ def _search_count(
             continue
         tried = _fit_in(size, work, capacity, count, thorough, orders)
         if tried.parts is not None:
-            found, known, balanced = count, tried.parts, tried.on_work
+            found, known, found_by = count, tried.parts, tried
             break
         failed, stalled = count, tried.stalled
 
@@ -1454,7 +1467,7 @@ def _search_count(
         middle = failed + (found - failed) // (2 * step) * step
         tried = _fit_in(size, work, capacity, middle, thorough, orders)
         if tried.parts is not None:
-            found, known, balanced = middle, tried.parts, tried.on_work
+            found, known, found_by = middle, tried.parts, tried
         else:
             failed = middle
             failures.add(middle)
@@ -1467,6 +1480,6 @@ def _search_count(
             tried = _fit_in(size, work, capacity, count, thorough, orders)
             if tried.parts is None:
                 break
-            found, known, balanced = count, tried.parts, tried.on_work
+            found, known, found_by = count, tried.parts, tried
             count -= step
-    return found, known, balanced
+    return found, known, found_by
