@@ -7,15 +7,16 @@ The central design decision is that the partitioner is *capacity-aware* and *mon
 count*. The older design ran Karmarkar-Karp (KK) on workloads at ``ceildiv(total, cap)`` and
 added one micro-batch at a time while any micro-batch was over the cap: tens of full KK runs
 on realistic data, and still more micro-batches than needed, because KK balances quadratic
-workload, not tokens. Here a count ``k`` is accepted as soon as *some* partition into ``k``
-cap-respecting parts is known (KK on workloads when it happens to respect the cap, else a
-repaired KK, else KK on tokens, else a cap-respecting bin packing split up to ``k`` bins), and
-every accepted partition is then rebalanced on workload by moves and swaps that never break
-the cap. Splitting a part never breaks the cap, so once a partition into ``m`` parts is known,
-every count from ``m`` up to the number of items is feasible: the data-parallel agreement can
-take the largest count any rank proposes and every rank succeeds on the first pass.
-The price is a handful of O(n log n) passes per call instead of one; the benefit is fewer
-micro-batches and no search loop of full repartitions.
+workload, not tokens. Here the count comes first: it lies between a bin-packing lower bound
+and the count of a cap-respecting packing, and counts in between are accepted as soon as
+*some* partition into that many cap-respecting parts is found (an LPT start repaired by
+moves and swaps). Then the partition is balanced once, at that count (KK on workloads where
+it respects the cap, else the repaired partition or a cap-aware greedy), and rebalanced by
+moves and swaps that never break the cap. Splitting a part never breaks the cap, so once a
+partition into ``m`` parts is known, every count from ``m`` up to the number of items is
+feasible: the data-parallel agreement can take the largest count any rank proposes and every
+rank succeeds on the first pass. The price is a handful of O(n log n) passes per call instead
+of one; the benefit is fewer micro-batches and no search loop of full repartitions.
 """
 
 from __future__ import annotations
@@ -1291,9 +1292,9 @@ def capped_balanced_partitions(
 
     Tried in order, first success wins:
       1. with slack (at least :data:`SLACK_ITEMS_PER_PART` items per part on average, or at
-         most :data:`SMALL_COUNT` parts): KK on
-         workloads, as it is if it respects the cap (best balance), else repaired by
-         :func:`repair_over_capacity`;
+         most :data:`SMALL_COUNT` parts): KK on workloads (chunked from
+         :data:`CHUNKED_KK_MIN_ITEMS` items, see :func:`_balanced_parts`), as it is if it
+         respects the cap (best balance), else repaired by :func:`repair_over_capacity`;
       2. the cap-aware greedy: heaviest workload first into the lightest part with token room;
       3. ``feasible``, a known cap-respecting partition with at most ``k`` parts, split up to
          ``k`` parts by :func:`split_bins_to_count` (never breaks the cap);
@@ -1304,8 +1305,9 @@ def capped_balanced_partitions(
     ``len(feasible)`` and the number of items: this is the monotonicity the count search and
     the data-parallel agreement rely on.
 
-    Complexity: O(n log n) with slack (one KK pass whose merges are cheap there), O(n log k)
-    heap steps otherwise, plus the local searches at O(log k) per step.
+    Complexity: O(n log n) with slack (one KK pass: item-level below
+    :data:`CHUNKED_KK_MIN_ITEMS` items, else O(n log k) in NumPy), O(n log k) heap steps
+    otherwise, plus the local searches at O(log k) per step.
 
     >>> sorted(capped_balanced_partitions([7] * 4, [7] * 4, 8, 4))
     [[0], [1], [2], [3]]
@@ -1384,19 +1386,23 @@ def smallest_feasible_partitions(
 
     The count is decided before any balancing. It lies between the bound ``k0`` (the larger
     of ``min_count`` and :func:`packing_lower_bound`, rounded up to ``step``) and the count
-    ``b`` of a best-fit-decreasing packing rounded up to ``step``, where a partition is known
-    (split the packing). Counts below ``b`` are tried with one feasibility try, the same at
-    every count (:func:`_fit_in`: LPT on tokens, repaired). The search is over the predicate
-    "a partition into at most ``k`` parts is known", which is monotone by construction (a
-    known partition splits up to any larger count): it tries ``k0`` and the next two counts
-    one by one, then ``b - step``, then bisects between the last failure and the smallest
-    success. Then the partition is balanced once, at the final count, by
-    :func:`capped_balanced_partitions`. If the count exceeds the number of items,
-    ``(count, None)`` is returned so the caller can report what was needed.
+    ``b`` of a packing rounded up to ``step``, where a partition is known (split the
+    packing): best-fit decreasing, or where that lands above ``k0`` the better of it and
+    :func:`_reserving_fill_partitions`. Counts below ``b`` are tried with one feasibility try,
+    the same at every count (:func:`_fit_in`: LPT on workloads and on tokens, repaired). The
+    search is over the predicate "a partition into at most ``k`` parts is known", which is
+    monotone by construction (a known partition splits up to any larger count): it tries
+    ``k0`` and the next two counts one by one (fewer if a try stalls, see
+    :data:`STALLED_FRACTION`), then ``b - step``, then bisects between the last failure and
+    the smallest success, then, since the try itself is not monotone, tries the counts below
+    the bisection's last failure downwards until one fails. Then the partition is balanced
+    once, at the final count (:func:`capped_balanced_partitions`, reusing the try's partition
+    where it can). If the count exceeds the number of items, ``(count, None)`` is returned so
+    the caller can report what was needed.
 
-    Complexity: O(n log n) for the bound and the packing; 4 tries when they all fail, at most
-    ``4 + log2((b - k0) / step)`` tries, each O(n log k) plus the repair; one
-    :func:`capped_balanced_partitions` call.
+    Complexity: O(n log n) for the bound and the packings; 2 tries when the first stalls and
+    the one below the packing fails, about ``4 + log2((b - k0) / step)`` otherwise, each
+    O(n log k) plus the repair; one balance.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
