@@ -190,6 +190,9 @@ def test_repair_uses_a_swap_when_no_move_fits():
 
 def test_repair_gives_up_when_impossible():
     assert repair_over_capacity([[0, 1], [2]], [6, 6, 6], 10) is None
+    # An empty part given by the caller is a target for moves, and no swap partner.
+    assert repair_over_capacity([[0, 1], []], [6, 5], 10) == [[0], [1]]
+    assert repair_over_capacity([[0, 1], []], [12, 5], 10) is None
 
 
 @settings(max_examples=200, deadline=None)
