@@ -231,6 +231,22 @@ def test_reserving_fill_makes_triples_where_best_fit_makes_pairs():
     assert count == len(parts) <= len(filled)
 
 
+def test_a_chunked_kk_that_fits_the_cap_is_polished_to_item_kk_balance():
+    from importlib.resources import files
+
+    shipped = np.loadtxt(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)
+    lengths = np.random.default_rng(0).choice(shipped, 2048)
+    work = lengths * lengths + 24576 * lengths
+    k = smallest_feasible_partitions(lengths, work, 32768)[0]
+    raw = _balanced_parts(work, k)
+    assert max(sums(lengths, raw)) <= 32768  # fits the cap: the path under test
+    polished = capped_balanced_partitions(lengths, work, 32768, k)
+    assert_is_partition(polished, len(lengths), k)
+    item_level = max(sums(work, karmarkar_karp(work, k, equal_size=False)))
+    assert max(sums(work, raw)) > 1.002 * item_level  # the chunked KK alone: 0.37% heavier
+    assert max(sums(work, polished)) <= 1.00002 * item_level
+
+
 def test_rebalance_stops_within_a_tenth_of_a_percent_of_the_bound():
     # Moving item 1 would lower the heaviest part from 100060 to 100050, but 100060 is already
     # within 0.1% of the bound ceil(200050 / 2) = 100025: the rebalance leaves it.
