@@ -1354,18 +1354,13 @@ def _balance_at(
     balanced_start = feasible if found_by is not None and found_by.on_work else None
     reuse = balanced_start is not None and n >= CHUNKED_KK_MIN_ITEMS
     if _has_slack(n, k):
-        if reuse and found_by.repaired:
-            candidate = [list(part) for part in balanced_start]
-        else:
-            parts = _balanced_parts(work, k)
-            if _within(parts, size, capacity):
-                if n < CHUNKED_KK_MIN_ITEMS:
-                    return parts  # item-level KK
-                return rebalance_within_capacity(parts, size, work, capacity, close_enough=CHUNKED_KK_POLISH)
-            if reuse:
-                candidate = [list(part) for part in balanced_start]
-            else:
-                candidate = repair_over_capacity(parts, size, capacity) or balanced_start
+        parts = None if reuse and found_by.repaired else _balanced_parts(work, k)
+        if parts is not None and _within(parts, size, capacity):
+            if n < CHUNKED_KK_MIN_ITEMS:
+                return parts  # item-level KK
+            return rebalance_within_capacity(parts, size, work, capacity, close_enough=CHUNKED_KK_POLISH)
+        # The rebalance below copies the parts, so the search's partition is handed on as it is.
+        candidate = balanced_start if reuse else repair_over_capacity(parts, size, capacity) or balanced_start
     if candidate is None:
         candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
@@ -1467,6 +1462,7 @@ def _search_count(
     # come back to their counts.
     probes = [low + i * step for i in range(LINEAR_TRIES)]
     stalled = False
+    failures: set[int] = set()  # counts whose try failed
     for count in probes + [packed - step]:
         if not failed < count < found or (stalled and count != packed - step):
             continue
@@ -1475,8 +1471,8 @@ def _search_count(
             found, known, found_by = count, tried.parts, tried
             break
         failed, stalled = count, tried.stalled
+        failures.add(count)
 
-    failures = {count for count in probes if count <= failed}  # counts whose try failed
     bisected = found - failed > step
     while found - failed > step:  # bisect (failed, found)
         middle = failed + (found - failed) // (2 * step) * step
