@@ -17,7 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+#: The one place the version is written; setup.cfg reads it (``attr: seqbal.__version__``).
+__version__ = "0.2.0"
 
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
