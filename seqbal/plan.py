@@ -1,6 +1,6 @@
 """plan_micro_batches and plan_data_parallel: the decision on plain lengths, and the agreement.
 
-This module composes the pure partitioner (``partition.py``) with the data-parallel
+This module composes the pure partitioner (``seqbal.partition``) with the data-parallel
 agreement (``collectives.py``). It needs only NumPy: torch (through ``collectives``) is
 imported only in sync mode, when the caller already holds a process group, so planning on a
 driver, in the CLI or in a trainer that is not built on torch costs no torch import.

@@ -40,7 +40,6 @@ from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .metrics import log_seqlen_unbalance
 from .partition import (
     INT64_SAFE_TOTAL,
-    _part_sums,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
     check_int64_sums,
@@ -49,6 +48,7 @@ from .partition import (
     roundup_divisible,
     smallest_feasible_partitions,
 )
+from .partition.parts import _part_sums
 from .workload import calculate_workload
 
 __all__ = ["DPSchedule", "build_dp_schedule", "balance_batch", "get_group_balanced_partitions"]

@@ -56,18 +56,18 @@ def test_a_stalled_try_ends_the_one_by_one_counts(monkeypatch):
     # At the bound (392) the repairs find no move or swap at all; the counts just above it
     # would stall too, so the search goes straight to one below the packing (394: the
     # reserving fill; best-fit decreasing needs 396).
-    import seqbal.partition as partition
+    import seqbal.partition.search as search
 
     lengths = _bimodal_rollouts(12)
     tried = []
-    original = partition._fit_in
+    original = search._fit_in
 
     def recording(*args, **kwargs):
         result = original(*args, **kwargs)
         tried.append((args[3], result.parts is not None, result.stalled))
         return result
 
-    monkeypatch.setattr(partition, "_fit_in", recording)
+    monkeypatch.setattr(search, "_fit_in", recording)
     count, parts = smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)
     assert packing_lower_bound(lengths, 4096) == 392 and len(best_fit_decreasing_partitions(lengths, 4096)) == 396
     assert tried == [(392, False, True), (393, False, True)]
@@ -79,7 +79,7 @@ def test_a_repair_close_to_done_searches_wider(monkeypatch):
     # over-cap parts that no swap with the 16 roomiest parts fixes; the wider search does.
     from importlib.resources import files
 
-    import seqbal.partition as partition
+    import seqbal.partition.local_search as local_search
 
     shipped = np.loadtxt(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)
     rng = np.random.default_rng(16)
@@ -88,7 +88,7 @@ def test_a_repair_close_to_done_searches_wider(monkeypatch):
     parts = plan_micro_batches(lengths, 4096)
     assert len(parts) == 67
     assert_plan_invariants(lengths, parts, 4096)
-    monkeypatch.setattr(partition, "REPAIR_SWAP_PARTS_CLOSE", partition.REPAIR_SWAP_PARTS)
+    monkeypatch.setattr(local_search, "REPAIR_SWAP_PARTS_CLOSE", local_search.REPAIR_SWAP_PARTS)
     assert smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)[0] == 68
 
 
