@@ -81,10 +81,10 @@ def capped_balanced_partitions(
     >>> capped_balanced_partitions([7] * 4, [7] * 4, 8, 3) is None
     True
     """
-    size = as_int_array(tokens, "tokens")
-    work = as_int_array(workloads, "workloads")
-    check_capacity(capacity)
-    check_count(k, "k")
+    size = as_int_array(tokens, "tokens", negative=False)
+    work = as_int_array(workloads, "workloads", negative=False)
+    capacity = check_capacity(capacity)
+    k = check_count(k, "k")
     n = len(size)
     if k < 1 or k > n:
         return None

@@ -32,8 +32,8 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
     >>> packing_lower_bound([7] * 8, 8), packing_lower_bound([5, 5, 5, 1], 10)
     (8, 2)
     """
-    sizes = np.sort(as_int_array(lengths))
-    check_capacity(capacity)
+    sizes = np.sort(as_int_array(lengths, negative=False))
+    capacity = check_capacity(capacity)
     if sizes.size == 0 or sizes[-1] == 0:
         return 0
     prefix = np.concatenate(([0], np.cumsum(sizes)))

@@ -64,11 +64,8 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     >>> karmarkar_karp([4, 5, 6, 7, 8], 2, equal_size=False)  # sums 16 and 14
     [[0, 1, 3], [2, 4]]
     """
-    values = as_int_array(seqlen_list, "seqlen_list")
-    check_count(k_partitions, "k_partitions")
-    if values.size and values.min() < 0:
-        index = int(np.argmin(values))
-        raise ValueError(f"seqlen_list must be non-negative, got {int(values[index])} at index {index}")
+    values = as_int_array(seqlen_list, "seqlen_list", negative=False)
+    k_partitions = check_count(k_partitions, "k_partitions")
     n, k = len(values), int(k_partitions)
     if k < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
@@ -246,7 +243,7 @@ def get_seqlen_balanced_partitions(
     >>> get_seqlen_balanced_partitions([1, 2, 3, 4], 2, equal_size=True)
     [[0, 3], [1, 2]]
     """
-    check_count(k_partitions, "k_partitions")
+    k_partitions = check_count(k_partitions, "k_partitions")
     n = len(seqlen_list)
     if k_partitions < 1 or n < k_partitions:
         raise ValueError(f"number of items [{n}] < k_partitions [{k_partitions}] (or k_partitions < 1)")

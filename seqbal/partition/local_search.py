@@ -64,7 +64,7 @@ def repair_over_capacity(
     [[0], [1, 2]]
     """
     size = as_int_array(tokens, "tokens")
-    check_capacity(capacity)
+    capacity = check_capacity(capacity)
     return _repair(parts, size, capacity, max_steps)[0]
 
 
@@ -167,7 +167,7 @@ def rebalance_within_capacity(
     """
     size = as_int_array(tokens, "tokens")
     work = as_int_array(workloads, "workloads")
-    check_capacity(capacity)
+    capacity = check_capacity(capacity)
     state = _Bins(parts, size, work, capacity, by_work=True)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
     per_part = max(len(size) // max(len(state.members), 1), 1)

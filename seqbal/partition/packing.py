@@ -34,7 +34,7 @@ def first_fit_partitions(lengths: IntSequence, capacity: int, *, decreasing: boo
     [[0, 2], [1, 3]]
     """
     sizes = as_int_array(lengths)
-    check_items_fit(sizes, capacity)
+    capacity = check_items_fit(sizes, capacity)
     order = np.argsort(-sizes, kind="stable") if decreasing else np.arange(len(sizes))
     free = np.empty(max(len(sizes), 1), dtype=np.int64)
     bins: list[list[int]] = []
@@ -68,7 +68,7 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
     [[0, 1, 6], [2, 3, 4, 5]]
     """
     sizes = as_int_array(lengths)
-    check_items_fit(sizes, capacity)
+    capacity = check_items_fit(sizes, capacity)
     order = np.lexsort((np.arange(len(sizes)), -sizes)).tolist()
     size_list = sizes.tolist()
     rooms: list[tuple[int, int]] = []  # sorted (free room, bin index)
@@ -193,7 +193,7 @@ def split_bins_to_count(
     weight_array = sizes if weights is None else as_int_array(weights, "weights")
     if len(weight_array) != len(sizes):
         raise ValueError(f"lengths has {len(sizes)} entries but weights has {len(weight_array)}")
-    check_count(target, "target")
+    target = check_count(target, "target")
     result = [sorted(b) for b in bins]
     check_is_partition(result, len(sizes))
     n_items = sum(len(b) for b in result)

@@ -14,27 +14,39 @@ from typing import Sequence
 
 import numpy as np
 
-from ..validation import IntSequence, as_int_array
+from ..validation import IntSequence, as_int_array, int_argument
 
 def ceildiv(a: int, b: int) -> int:
     """Ceiling of ``a / b`` for integers, exact for any size (no float rounding).
 
-    O(1).
+    Python ints and NumPy integer scalars of any width and sign are taken as their values (the
+    result is a Python int, so an ``np.uint8`` divisor cannot wrap around). O(1).
 
-    >>> ceildiv(7, 3), ceildiv(6, 3), ceildiv(0, 5)
-    (3, 2, 0)
+    Raises:
+        ValueError: ``a`` or ``b`` not an int (bools and floats included), or ``b == 0``.
+
+    >>> ceildiv(7, 3), ceildiv(6, 3), ceildiv(0, 5), ceildiv(7, np.uint8(3))
+    (3, 2, 0, 3)
     """
+    a = int_argument("a", a, minimum=None, expected="an int", maximum=None)
+    b = int_argument("b", b, minimum=None, expected="an int", maximum=None)
+    if b == 0:
+        raise ValueError(f"ceildiv({a}, 0): the divisor must not be 0")
     return -(a // -b)
 
 
 def roundup_divisible(a: int, b: int) -> int:
-    """Smallest multiple of ``b`` that is ``>= a`` (``b`` positive).
+    """Smallest multiple of ``b`` that is ``>= a`` (``b`` positive), as a Python int.
 
     O(1).
+
+    Raises:
+        ValueError: ``a`` or ``b`` not an int, or ``b < 1``.
 
     >>> roundup_divisible(7, 4), roundup_divisible(8, 4)
     (8, 8)
     """
+    b = int_argument("b", b, minimum=1, expected="a positive int", maximum=None)
     return ceildiv(a, b) * b
 
 

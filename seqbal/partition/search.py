@@ -72,9 +72,9 @@ def smallest_feasible_partitions(
     """
     size = as_int_array(tokens, "tokens")
     work = as_int_array(workloads, "workloads")
-    check_items_fit(size, capacity)
-    check_count(step, "step")
-    check_count(min_count, "min_count")
+    capacity = check_items_fit(size, capacity)
+    step = check_count(step, "step")
+    min_count = check_count(min_count, "min_count")
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
