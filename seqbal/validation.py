@@ -192,6 +192,12 @@ def int_array(
         return LengthsError(f"{name}: item {index} is {value}, beyond int64 (at most 2**63 - 1)", "bad")
 
     kind = array.dtype.kind
+    if kind == "f" and not isinstance(values, np.ndarray):
+        # NumPy makes float64 of a list that mixes ints with ints beyond int64 ([3, 2**63 + 5]):
+        # the ints are taken as they are, not rounded
+        exact = np.asarray(values, dtype=object)
+        if exact.ndim == 1 and all(is_int(v) for v in exact.tolist()):
+            array, kind = exact, "O"
     if kind == "O":  # Python ints beyond int64 (or objects that are not ints)
         items = array.tolist()
         if not all(is_int(v) for v in items):
