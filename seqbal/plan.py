@@ -24,6 +24,7 @@ import numpy as np
 
 from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .partition.parts import _part_sums
 from .validation import LengthsError, balance_workloads, check_int64_sums, int_argument, int_array
 
 __all__ = [
@@ -353,7 +354,9 @@ def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[li
     Sorts by (workload, first index) descending, then takes ``parts[::2][::-1] + parts[1::2]``:
     light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
     """
-    return _pipeline_order(parts, [int(workloads[p].sum()) for p in parts])
+    values = np.asarray(workloads)
+    values = values.astype(np.int64) if values.dtype.kind in "iu" else values  # sums as .sum() would form them
+    return _pipeline_order(parts, _part_sums(values, parts).tolist())  # one NumPy pass
 
 
 def _pipeline_order(parts: list[list[int]], totals: Sequence[int]) -> list[list[int]]:

@@ -110,6 +110,9 @@ class _Bins:
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
         self.by_room = _SortedPairs(self._room_pairs())
         self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
+        #: A part's members as (workloads ascending, items) lists, kept until the part changes: the
+        #: rebalance pairs the same light parts with one heavy part after another.
+        self.ranked_by_work: dict[int, tuple[list[int], list[int]]] = {}
 
     def _room_pairs(self) -> list[tuple[int, int]]:
         return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
@@ -127,7 +130,17 @@ class _Bins:
     def room(self, part: int) -> int:
         return self.capacity - self.tokens[part]
 
+    def work_ranked(self, part: int) -> tuple[list[int], list[int]]:
+        """The part's member workloads ascending (ties by item) and its items in that order."""
+        ranked = self.ranked_by_work.get(part)
+        if ranked is None:
+            pairs = sorted([(self.work_of[i], i) for i in self.members[part]])
+            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [item for _, item in pairs])
+        return ranked
+
     def move(self, item: int, source: int, target: int) -> None:
+        self.ranked_by_work.pop(source, None)
+        self.ranked_by_work.pop(target, None)
         self.members[source].remove(item)
         self.members[target].append(item)
         self._add(source, -self.tokens_of[item], -self.work_of[item])
@@ -136,6 +149,8 @@ class _Bins:
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
         """Trade ``item_a`` of ``bin_a`` for ``item_b`` of ``bin_b`` (members as two moves would
         leave them; each part's sorted keys updated once)."""
+        self.ranked_by_work.pop(bin_a, None)
+        self.ranked_by_work.pop(bin_b, None)
         self.members[bin_a].remove(item_a)
         self.members[bin_b].append(item_a)
         self.members[bin_b].remove(item_b)

@@ -211,9 +211,7 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
             state.move(best_item, heavy, light)
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
-    ranked = sorted([(work_of[i], i) for i in state.members[light]])
-    light_work = [w for w, _ in ranked]
-    light_items = [item for _, item in ranked]
+    light_work, light_items = state.work_ranked(light)
     best: Optional[tuple[int, int, int]] = None  # (gap, heavy item, light item)
     for item in heavy_items:
         w = work_of[item]

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_count, check_is_partition, check_items_fit
+from .parts import _part_sums
 
 def first_fit_partitions(lengths: IntSequence, capacity: int, *, decreasing: bool = False) -> list[list[int]]:
     """First-fit bin packing: each item goes into the first bin with room, else a new bin.
@@ -201,7 +202,8 @@ def split_bins_to_count(
         raise ValueError(f"cannot split {len(result)} bins down to {target}; splitting only adds bins")
     if target > n_items:
         raise ValueError(f"cannot make {target} non-empty bins from {n_items} items")
-    heap = [(-int(weight_array[b].sum()), position) for position, b in enumerate(result) if len(b) > 1]
+    sums = _part_sums(weight_array, result).tolist()
+    heap = [(-sums[position], position) for position, b in enumerate(result) if len(b) > 1]
     heapq.heapify(heap)
     while len(result) < target:
         _, position = heapq.heappop(heap)
