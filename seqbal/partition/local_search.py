@@ -212,21 +212,28 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
     light_work, light_items = state.work_ranked(light)
-    best: Optional[tuple[int, int, int]] = None  # (gap, heavy item, light item)
+    if not light_items:
+        return False
+    count, lightest, half = len(light_items), light_work[0], diff / 2
+    bisect_left = bisect.bisect_left
+    best_gap, best_item, best_other = -1, -1, -1  # no swap yet
     for item in heavy_items:
         w = work_of[item]
-        centre = bisect.bisect_left(light_work, w - diff / 2)  # ideal light-item workload
-        for j in range(max(0, centre - 2), min(len(light_items), centre + 2)):
+        if w <= lightest:
+            continue  # no lighter item to trade it for: every delta <= 0
+        centre = bisect_left(light_work, w - half)  # ideal light-item workload
+        for j in range(centre - 2 if centre > 2 else 0, centre + 2 if centre + 2 < count else count):
             delta = w - light_work[j]
             if not 0 < delta < diff:
                 continue
-            token_shift = tokens_of[item] - tokens_of[light_items[j]]
+            other = light_items[j]
+            token_shift = tokens_of[item] - tokens_of[other]
             if token_shift > room_light or -token_shift > room_heavy:
                 continue
             gap = abs(diff - 2 * delta)
-            if best is None or gap < best[0]:
-                best = (gap, item, light_items[j])
-    if best is None:
+            if best_gap < 0 or gap < best_gap:
+                best_gap, best_item, best_other = gap, item, other
+    if best_gap < 0:
         return False
-    state.swap(best[1], heavy, best[2], light)
+    state.swap(best_item, heavy, best_other, light)
     return True
