@@ -5,6 +5,7 @@
     python -m benchmarks.planning_cost --out before.json        # keep the rows (count, imbalance, ratio)
     python -m benchmarks.planning_cost --compare before.json    # check counts and imbalance against a record
     python -m benchmarks.planning_cost --table before.json after.json   # Markdown before/after table
+    python -m benchmarks.planning_cost --sizes 64 256 512 --by-family   # worst case per family and size
 
 For every case the plan and one :func:`seqbal.best_fit_decreasing_partitions` pass on the
 same lengths run side by side in one process and are timed in CPU time
@@ -72,6 +73,20 @@ def table(before: list, after: list) -> str:
     return "\n".join(lines)
 
 
+def family_table(rows: list) -> str:
+    """Markdown: per family, the worst median ratio over the caps at each size (with its cap)."""
+    sizes = sorted({r["n"] for r in rows})
+    lines = ["| family | " + " | ".join(f"n = {n}: worst plan / BFD (cap)" for n in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
+    for family in dict.fromkeys(r["family"] for r in rows):
+        cells = []
+        for n in sizes:
+            worst = max((r for r in rows if r["family"] == family and r["n"] == n), key=lambda r: r["ratio"])
+            cells.append(f"{worst['ratio']:.1f}x ({worst['cap']})")
+        lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", nargs="*", default=None)
@@ -81,6 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--compare", type=Path, default=None, help="a JSON record from --out to compare with")
     parser.add_argument("--table", type=Path, nargs=2, default=None, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--by-family", action="store_true", help="print the worst case per family and size")
     args = parser.parse_args(argv)
     if args.table:
         print(table(*(json.loads(path.read_text()) for path in args.table)))
@@ -108,6 +124,8 @@ def main(argv=None) -> int:
     print(f"worst case: median ratio {worst['ratio']:.1f}x, worst round {worst['ratio_max']:.1f}x "
           f"({worst['family']}, n={worst['n']}, cap={worst['cap']}); "
           f"highest single round {max(r['ratio_max'] for r in rows):.1f}x")
+    if args.by_family:
+        print(family_table(rows))
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
     return 0

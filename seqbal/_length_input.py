@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 
 from .cost import CostModel
+from .validation import INT64_MAX
 
 __all__ = [
     "DEFAULT_SAMPLE", "MAX_INT64", "InputError", "Lengths", "read_lengths", "check_workload_range", "check_groups_fit",
@@ -27,7 +28,7 @@ __all__ = [
 
 #: The length sample used when no file is given (see ``seqbal/data/README.md`` for its source).
 DEFAULT_SAMPLE = Path(__file__).resolve().parent / "data" / "qwen25math_cot_rollouts.txt"
-MAX_INT64 = 2**63 - 1
+MAX_INT64 = INT64_MAX  # the one int64 bound of every entry point (seqbal.validation)
 
 
 class InputError(Exception):

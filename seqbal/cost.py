@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from .validation import int_argument
 from .workload import calculate_workload
 
 __all__ = [
@@ -41,12 +42,6 @@ __all__ = [
     "padded_min_count",
     "padded_partitions",
 ]
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -82,8 +77,8 @@ class CostModel:
         if not isinstance(self.padded, (bool, np.bool_)):
             raise ValueError(f"padded must be True or False, got {self.padded!r}")
         object.__setattr__(self, "padded", bool(self.padded))
-        object.__setattr__(self, "round_to", _positive_int("round_to", self.round_to))
-        object.__setattr__(self, "pack_round_to", _positive_int("pack_round_to", self.pack_round_to))
+        for name in ("round_to", "pack_round_to"):  # any size, as before: only the type and the minimum are checked here
+            object.__setattr__(self, name, int_argument(name, getattr(self, name), expected="an int >= 1", maximum=None))
         if self.padded and self.pack_round_to != 1:
             raise ValueError(
                 f"pack_round_to={self.pack_round_to} applies to the token cost only: a padded micro-batch "

@@ -1,6 +1,6 @@
 """plan_micro_batches and plan_data_parallel: the decision on plain lengths, and the agreement.
 
-This module composes the pure partitioner (``partition.py``) with the data-parallel
+This module composes the pure partitioner (``seqbal.partition``) with the data-parallel
 agreement (``collectives.py``). It needs only NumPy: torch (through ``collectives``) is
 imported only in sync mode, when the caller already holds a process group, so planning on a
 driver, in the CLI or in a trainer that is not built on torch costs no torch import.
@@ -16,7 +16,6 @@ process-group timeout.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Optional, Sequence, Union
@@ -24,8 +23,9 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
-from .partition import capped_balanced_partitions, check_int64_sums, roundup_divisible, smallest_feasible_partitions
-from .workload import calculate_workload
+from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .partition.parts import _part_sums
+from .validation import LengthsError, balance_workloads, check_int64_sums, int_argument, int_array
 
 __all__ = [
     "MicroBatchPlanError",
@@ -79,10 +79,6 @@ _REASONS = {
     MicroBatchPlanError.MISMATCHED_ARGUMENTS: "the ranks passed different arguments",
 }
 
-#: Integer arguments travel through int64 (NumPy sums, the packed all-reduce): larger ones are
-#: rejected up front instead of wrapping around or raising OverflowError mid-plan.
-_INT64_MAX = 2**63 - 1
-
 #: Arguments that must be identical on every rank of ``dp_group``: a different cap or group size
 #: would silently plan each rank under its own rules, a different divisor gives different counts
 #: (a hang in the training step). ``min_num_micro_batch`` may differ: the agreed count is the
@@ -100,10 +96,6 @@ _MUST_MATCH = (
 # ---------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -140,18 +132,18 @@ def _validate_arguments(
 
     Any integral type is accepted (``np.uint32(2)``, ``np.int16(4096)``) and converted, so that
     no later arithmetic wraps or mixes unsigned and signed NumPy scalars; ``bool`` is rejected.
-    Every value must fit in int64.
+    Every value must fit in int64 (:func:`seqbal.validation.int_argument`: every entry point
+    checks its integers there, in 64 bits because they travel through the packed all-reduce).
     """
 
     def bad(message: str) -> MicroBatchPlanError:
         return MicroBatchPlanError(message, MicroBatchPlanError.BAD_ARGUMENT)
 
     def checked(name: str, value: Any, expected: str) -> int:
-        if not _is_int(value) or value < 1:
-            raise bad(f"{name} must be {expected}, got {value!r}")
-        if value > _INT64_MAX:
-            raise bad(f"{name}={value} is too large: seqbal counts tokens in int64, at most 2**63 - 1")
-        return int(value)
+        try:
+            return int_argument(name, value, expected=expected)
+        except ValueError as error:
+            raise bad(str(error)) from None
 
     def optional(name: str, value: Any) -> Optional[int]:
         return None if value is None else checked(name, value, "None or an int >= 1")
@@ -169,51 +161,23 @@ def _validate_arguments(
     )
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    """A torch tensor, recognised without importing torch (planning needs only NumPy)."""
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+#: What :class:`seqbal.validation.LengthsError` kinds become in the agreement's codes.
+_LENGTHS_CODES = {
+    "bad": MicroBatchPlanError.BAD_BATCH,
+    "empty": MicroBatchPlanError.EMPTY_BATCH,
+    "negative": MicroBatchPlanError.NEGATIVE_LENGTH,
+}
 
 
 def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
-    """Effective lengths as a 1-D int64 NumPy array, validated."""
-    if _is_torch_tensor(seq_lens):
-        # bool is rejected like a bool list or array is: True is not a length.
-        if seq_lens.is_floating_point() or seq_lens.is_complex() or str(seq_lens.dtype) == "torch.bool":
-            raise MicroBatchPlanError(
-                f"seq_lens must hold integers, got a tensor of dtype {seq_lens.dtype}", MicroBatchPlanError.BAD_BATCH
-            )
-        if seq_lens.device.type == "meta":
-            raise MicroBatchPlanError(
-                f"seq_lens is a tensor on the meta device (shape {tuple(seq_lens.shape)}): it holds no values "
-                f"to plan on; pass the lengths of a real batch",
-                MicroBatchPlanError.BAD_BATCH,
-            )
-        array = seq_lens.detach().cpu().long().numpy()
-    else:
-        array = np.asarray(seq_lens)
-        if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise MicroBatchPlanError(
-                f"seq_lens must hold integers, got dtype {array.dtype}", MicroBatchPlanError.BAD_BATCH
-            )
-        if array.size and array.dtype.kind == "u" and array.max() > _INT64_MAX:
-            index = int(np.argmax(array > _INT64_MAX))
-            raise MicroBatchPlanError(
-                f"sample {index} has {int(array[index])} tokens, more than seqbal counts in int64 (2**63 - 1)",
-                MicroBatchPlanError.BAD_BATCH,
-            )
-        array = array.astype(np.int64, copy=False)
-    if array.ndim != 1:
-        raise MicroBatchPlanError(
-            f"seq_lens must be one-dimensional, got shape {tuple(array.shape)}", MicroBatchPlanError.BAD_BATCH
+    """Effective lengths as a 1-D int64 NumPy array, validated (:func:`seqbal.validation.int_array`)."""
+    try:
+        return int_array(
+            seq_lens, "seq_lens", samples=True, integral_floats=False, sums=False,
+            empty="the batch is empty (0 samples): nothing to split",
         )
-    if array.size == 0:
-        raise MicroBatchPlanError("the batch is empty (0 samples): nothing to split", MicroBatchPlanError.EMPTY_BATCH)
-    if (array < 0).any():
-        index = int(np.argmax(array < 0))
-        raise MicroBatchPlanError(
-            f"sample {index} has a negative length ({int(array[index])} tokens)", MicroBatchPlanError.NEGATIVE_LENGTH
-        )
-    return array
+    except LengthsError as error:
+        raise MicroBatchPlanError(str(error), _LENGTHS_CODES[error.kind]) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,8 +269,8 @@ def _local_plan(
             f"{int(lengths.max())} tokens)",
             MicroBatchPlanError.SAMPLE_EXCEEDS,
         )
-    try:  # before any sum: token and default-workload totals must not wrap around in int64
-        check_int64_sums(measured, "default")
+    try:  # before any sum: token totals must not wrap around in int64 (workloads cannot, see below)
+        check_int64_sums(measured)
     except ValueError as error:
         raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_BATCH) from None
     group_tokens = measured.reshape(-1, g).sum(axis=1)
@@ -332,7 +296,7 @@ def _local_plan(
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
         parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
     else:
-        group_workloads = calculate_workload(measured).reshape(-1, g).sum(axis=1)
+        group_workloads = balance_workloads(measured).reshape(-1, g).sum(axis=1)  # exact where int64 fits
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
@@ -390,7 +354,9 @@ def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[li
     Sorts by (workload, first index) descending, then takes ``parts[::2][::-1] + parts[1::2]``:
     light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
     """
-    return _pipeline_order(parts, [int(workloads[p].sum()) for p in parts])
+    values = np.asarray(workloads)
+    values = values.astype(np.int64) if values.dtype.kind in "iu" else values  # sums as .sum() would form them
+    return _pipeline_order(parts, _part_sums(values, parts).tolist())  # one NumPy pass
 
 
 def _pipeline_order(parts: list[list[int]], totals: Sequence[int]) -> list[list[int]]:
@@ -513,8 +479,8 @@ def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_ba
     measured = cost.rounded(stage.lengths)
     if cost.padded:  # a padded micro-batch computes on samples x its longest
         longest = [int(measured[p].max()) for p in parts]
-        return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, calculate_workload(longest))])
-    return order_for_pipeline(parts, calculate_workload(measured))
+        return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, balance_workloads(np.array(longest)))])
+    return order_for_pipeline(parts, balance_workloads(measured))
 
 
 def _sync_mode(dp_group: Any, same_micro_num_in_dp: bool) -> bool:

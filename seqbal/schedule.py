@@ -30,7 +30,6 @@ Everything here is pure Python/NumPy on plain lengths and deterministic.
 from __future__ import annotations
 
 import bisect
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
@@ -40,7 +39,6 @@ from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .metrics import log_seqlen_unbalance
 from .partition import (
     INT64_SAFE_TOTAL,
-    _part_sums,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
     check_int64_sums,
@@ -49,6 +47,8 @@ from .partition import (
     roundup_divisible,
     smallest_feasible_partitions,
 )
+from .partition.parts import _part_sums
+from .validation import balance_workloads, int_argument, int_array
 from .workload import calculate_workload
 
 __all__ = ["DPSchedule", "build_dp_schedule", "balance_batch", "get_group_balanced_partitions"]
@@ -61,26 +61,12 @@ WorkloadFn = Callable[[Any], Any]
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _lengths_array(lengths: Any) -> np.ndarray:
     """Lengths as a 1-D int64 array; ValueError on anything else (tensors are accepted)."""
-    if hasattr(lengths, "detach") and hasattr(lengths, "cpu"):  # a torch tensor, without importing torch
-        lengths = lengths.detach().cpu().numpy()
-    array = np.asarray(lengths)
-    if array.ndim != 1:
-        raise ValueError(f"lengths must be one-dimensional, got shape {tuple(array.shape)}")
-    if array.size == 0:
-        raise ValueError("lengths is empty (0 samples): nothing to schedule")
-    if not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"lengths must hold integers, got dtype {array.dtype}")
-    array = array.astype(np.int64, copy=False)
-    if (array < 0).any():
-        index = int(np.argmax(array < 0))
-        raise ValueError(f"sample {index} has a negative length ({int(array[index])} tokens)")
-    return array
+    return int_array(
+        lengths, "lengths", samples=True, integral_floats=False, sums=False,
+        empty="lengths is empty (0 samples): nothing to schedule",
+    )
 
 
 def _workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.ndarray:
@@ -113,8 +99,7 @@ def _groups(
     n: int, force_group_size: int, group_ids: Optional[Sequence[Hashable]]
 ) -> list[list[int]]:
     """Sample indices of every group, groups in order of first appearance, indices ascending."""
-    if not _is_int(force_group_size) or force_group_size < 1:
-        raise ValueError(f"force_group_size must be an int >= 1, got {force_group_size!r}")
+    force_group_size = int_argument("force_group_size", force_group_size, expected="an int >= 1")
     if group_ids is not None:
         if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
             group_ids = group_ids.tolist()
@@ -145,12 +130,8 @@ def _groups(
     return [list(range(start, start + g)) for start in range(0, n, g)]
 
 
-def _check_positive(name: str, value: Any, *, optional: bool) -> None:
-    if optional and value is None:
-        return
-    if not _is_int(value) or value < 1:
-        kind = "None or an int >= 1" if optional else "a positive int"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
+def _optional_count(name: str, value: Any) -> Optional[int]:
+    return int_argument(name, value, optional=True, expected="None or an int >= 1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,15 +516,15 @@ def build_dp_schedule(
         (2, (((0,), (1, 4)), ((2,), (3, 5))), ((0, 1, 4), (2, 3, 5)))
     """
     array = _lengths_array(lengths)
-    _check_positive("dp_size", dp_size, optional=False)
-    _check_positive("max_token_len", max_token_len, optional=False)
-    _check_positive("num_batches_divided_by", num_batches_divided_by, optional=True)
-    _check_positive("min_num_micro_batch", min_num_micro_batch, optional=True)
+    dp_size = int_argument("dp_size", dp_size)  # Python ints: NumPy scalars would wrap (uint8) below
+    max_token_len = int_argument("max_token_len", max_token_len)
+    num_batches_divided_by = _optional_count("num_batches_divided_by", num_batches_divided_by)
+    min_num_micro_batch = _optional_count("min_num_micro_batch", min_num_micro_batch)
     cost = as_cost_model(cost_model)
     groups = _groups(len(array), force_group_size, group_ids)
     measured = cost.rounded(array)  # what each sample counts for under the cost model
-    check_int64_sums(measured, "default" if workload_fn is None else None)  # before the model could wrap
-    work = _workloads(measured, workload_fn)
+    check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
+    work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
     check_int64_sums(measured, work)
 
     capacity = cost.sample_capacity(max_token_len)
@@ -725,7 +706,7 @@ def balance_batch(
         ([[0, 2], [1, 3]], 15, 9)
     """
     array = _lengths_array(lengths)
-    _check_positive("dp_size", dp_size, optional=False)
+    dp_size = int_argument("dp_size", dp_size)
     groups = _groups(len(array), 1, group_ids)
     work = _workloads(array, workload_fn)
     what = "uid groups" if group_ids is not None else "samples"

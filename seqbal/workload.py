@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import numpy as np
 
+from .validation import INT64_MAX, int_argument, int_array
+
 if TYPE_CHECKING:
     import torch
 
@@ -49,19 +51,37 @@ def calculate_workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
 def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union["torch.Tensor", np.ndarray]]:
     """Workload model ``6 * hidden_size * s + s**2`` for another model width.
 
+    Raises:
+        ValueError: ``hidden_size`` not a positive int (bools rejected; NumPy integers taken as
+            their values); the returned model raises one for a length beyond int64 or whose
+            workload is (about 3e9 tokens at hidden size 4096).
+
     Examples:
         >>> make_workload_fn(1024)([10]).tolist()
         [61540]
     """
-    if not isinstance(hidden_size, int) or hidden_size < 1:
-        raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
+    hidden_size = int_argument("hidden_size", hidden_size)
     linear = 6 * hidden_size
 
     def workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
         if type(seqlens).__module__.startswith("torch") and hasattr(seqlens, "long"):  # a tensor stays one
+            if str(seqlens.dtype) == "torch.uint64":
+                int_array(seqlens.reshape(-1), "seqlens", negative=True, sums=False)  # too large, not wrapped
             s = seqlens.long()
+            _check_range(int(s.abs().max()) if s.numel() else 0, linear)
             return linear * s + s * s
-        s = np.asarray(seqlens, dtype=np.int64)
+        array = np.asarray(seqlens)
+        s = int_array(array.reshape(-1), "seqlens", negative=True, sums=False).reshape(array.shape)
+        _check_range(int(np.abs(s).max()) if s.size else 0, linear)
         return linear * s + s * s
 
     return workload
+
+
+def _check_range(longest: int, linear: int) -> None:
+    """ValueError unless the model of a length of ``longest`` tokens fits in int64 (it is exact)."""
+    if linear * longest + longest * longest > INT64_MAX:
+        raise ValueError(
+            f"a length of {longest} tokens has the workload {linear} * s + s**2 = {linear * longest + longest * longest}, "
+            f"beyond int64 (at most 2**63 - 1): workloads are exact int64"
+        )

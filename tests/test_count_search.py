@@ -56,18 +56,18 @@ def test_a_stalled_try_ends_the_one_by_one_counts(monkeypatch):
     # At the bound (392) the repairs find no move or swap at all; the counts just above it
     # would stall too, so the search goes straight to one below the packing (394: the
     # reserving fill; best-fit decreasing needs 396).
-    import seqbal.partition as partition
+    import seqbal.partition.search as search
 
     lengths = _bimodal_rollouts(12)
     tried = []
-    original = partition._fit_in
+    original = search._fit_in
 
     def recording(*args, **kwargs):
         result = original(*args, **kwargs)
         tried.append((args[3], result.parts is not None, result.stalled))
         return result
 
-    monkeypatch.setattr(partition, "_fit_in", recording)
+    monkeypatch.setattr(search, "_fit_in", recording)
     count, parts = smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)
     assert packing_lower_bound(lengths, 4096) == 392 and len(best_fit_decreasing_partitions(lengths, 4096)) == 396
     assert tried == [(392, False, True), (393, False, True)]
@@ -79,7 +79,7 @@ def test_a_repair_close_to_done_searches_wider(monkeypatch):
     # over-cap parts that no swap with the 16 roomiest parts fixes; the wider search does.
     from importlib.resources import files
 
-    import seqbal.partition as partition
+    import seqbal.partition.local_search as local_search
 
     shipped = np.loadtxt(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)
     rng = np.random.default_rng(16)
@@ -88,7 +88,7 @@ def test_a_repair_close_to_done_searches_wider(monkeypatch):
     parts = plan_micro_batches(lengths, 4096)
     assert len(parts) == 67
     assert_plan_invariants(lengths, parts, 4096)
-    monkeypatch.setattr(partition, "REPAIR_SWAP_PARTS_CLOSE", partition.REPAIR_SWAP_PARTS)
+    monkeypatch.setattr(local_search, "REPAIR_SWAP_PARTS_CLOSE", local_search.REPAIR_SWAP_PARTS)
     assert smallest_feasible_partitions(lengths, calculate_workload(lengths), 4096)[0] == 68
 
 
@@ -162,12 +162,21 @@ def test_sums_that_could_overflow_int64_are_refused_everywhere():
             call()
 
 
-def test_default_workloads_are_checked_before_they_could_wrap():
-    # 3e9 tokens fit in int64, their squares (the default workload) summed do not.
+def test_default_workloads_beyond_int64_are_balanced_scaled_not_refused():
+    # Issue 17 point 6: 3e9 tokens fit in int64, their default workloads summed do not; the
+    # caller passed no workloads, so no error is owed: the balance runs on scaled workloads.
+    assert plan_micro_batches([10**9], 2 * 10**9) == [[0]]
+    assert plan_micro_batches([3 * 10**9] * 2, 2**40) == [[0, 1]]
+    lengths = [3 * 10**9, 10**9, 2 * 10**9, 5, 3 * 10**9, 10**9]
+    parts = plan_micro_batches(lengths, 4 * 10**9)
+    assert_plan_invariants(lengths, parts, 4 * 10**9)
+    assert len(parts) == 3
+    assert build_dp_schedule([3 * 10**9] * 2, 1, 2**40).num_micro_batches == 1
+    # Workloads the caller gives are still checked, and so are token totals.
     with pytest.raises(ValueError, match="workloads sum to"):
-        plan_micro_batches([3 * 10**9] * 2, 2**40)
-    with pytest.raises(ValueError, match="workloads sum to"):
-        build_dp_schedule([3 * 10**9] * 2, 1, 2**40)
+        capped_balanced_partitions([3, 4], [INT64_SAFE_TOTAL, 2], 10, 1)
+    with pytest.raises(ValueError, match="lengths sum to"):
+        plan_micro_batches([2**61] * 4, 2**62)
 
 
 def test_guard_threshold_is_exact():
@@ -200,7 +209,7 @@ def test_nan_workload_says_nan():
         (lambda: packing_lower_bound([5, 3], 10.5), "capacity must be a positive int"),
         (lambda: get_seqlen_balanced_partitions([5, 3, 1, 7], "2", False), "k_partitions must be an int, got '2'"),
         (lambda: karmarkar_karp([5, 3, 1], 2.5, False), "k_partitions must be an int, got 2.5"),
-        (lambda: karmarkar_karp([5, -3, 1], 2, False), "non-negative, got -3 at index 1"),
+        (lambda: karmarkar_karp([5, -3, 1], 2, False), "non-negative, but item 1 is negative"),
         (lambda: build_dp_schedule([1, 2, 3, 4], 2, 10, group_ids=[[1], [2], [1], [2]]), "not hashable"),
         (lambda: build_dp_schedule([1, 2, 3, 4], 2, 10, group_ids=(i % 2 for i in range(4))), "got generator"),
     ],

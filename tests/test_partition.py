@@ -11,9 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbal.partition import (
-    _balanced_parts,
-    _chunked_karmarkar_karp,
-    _reserving_fill_partitions,
     best_fit_decreasing_partitions,
     capped_balanced_partitions,
     ceildiv,
@@ -25,6 +22,8 @@ from seqbal.partition import (
     roundup_divisible,
     smallest_feasible_partitions,
 )
+from seqbal.partition.kk import _balanced_parts, _chunked_karmarkar_karp
+from seqbal.partition.packing import _reserving_fill_partitions
 
 
 def assert_is_partition(parts, n, k=None):

@@ -1,0 +1,238 @@
+"""Mutable parts for the local searches: sums kept up to date, parts sorted by room and workload.
+
+The repair and the rebalance each ask, at every step, for "the fullest part with room for this
+item", "the parts with most room" or "the heaviest and lightest parts". Keeping the parts in
+sorted blocks (:class:`_SortedPairs`) makes each a binary search, O(log k + block), instead
+of an O(k) NumPy scan per step, which at 10^5 parts dominated the repair. The repair's bins
+(:class:`_RankedBins`) also keep each part's members sorted, and only once a step looks at a
+part, so a try that fails at once pays for a few parts only.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .parts import _part_sums
+
+class _SortedPairs:
+    """A sorted multiset of ``(key, part)`` pairs in blocks of a few hundred: add, remove and
+    the searches below cost O(log k + block) instead of the O(k) shift of one flat list, which
+    at 10^5 parts dominated the repair."""
+
+    _BLOCK = 256
+
+    def __init__(self, pairs) -> None:
+        ordered = sorted(pairs)
+        self.blocks = [ordered[i:i + self._BLOCK] for i in range(0, len(ordered), self._BLOCK)]
+        self.maxes = [block[-1] for block in self.blocks]
+
+    def add(self, pair: tuple[int, int]) -> None:
+        if not self.blocks:
+            self.blocks, self.maxes = [[pair]], [pair]
+            return
+        i = min(bisect.bisect_left(self.maxes, pair), len(self.blocks) - 1)
+        block = self.blocks[i]
+        bisect.insort(block, pair)
+        self.maxes[i] = block[-1]
+        if len(block) > 2 * self._BLOCK:
+            self.blocks[i:i + 1] = [block[:self._BLOCK], block[self._BLOCK:]]
+            self.maxes[i:i + 1] = [block[self._BLOCK - 1], block[-1]]
+
+    def remove(self, pair: tuple[int, int]) -> None:
+        i = bisect.bisect_left(self.maxes, pair)
+        block = self.blocks[i]
+        del block[bisect.bisect_left(block, pair)]
+        if block:
+            self.maxes[i] = block[-1]
+        else:
+            del self.blocks[i], self.maxes[i]
+
+    def last(self) -> tuple[int, int]:
+        return self.maxes[-1]
+
+    def first_at_least(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return None
+        block = self.blocks[i]
+        return block[bisect.bisect_left(block, pair)]
+
+    def last_below(self, pair: tuple[int, int]) -> Optional[tuple[int, int]]:
+        """The largest entry smaller than ``pair``, or None."""
+        i = bisect.bisect_left(self.maxes, pair)
+        if i == len(self.blocks):
+            return self.maxes[-1] if self.blocks else None
+        j = bisect.bisect_left(self.blocks[i], pair)
+        if j:
+            return self.blocks[i][j - 1]
+        return self.maxes[i - 1] if i else None
+
+    def largest(self, count: int) -> list[tuple[int, int]]:
+        """The ``count`` largest entries, descending."""
+        out: list[tuple[int, int]] = []
+        for block in reversed(self.blocks):
+            out.extend(block[::-1][:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+    def smallest(self, count: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for block in self.blocks:
+            out.extend(block[:count - len(out)])
+            if len(out) >= count:
+                break
+        return out
+
+
+class _Bins:
+    """Mutable parts with their token and workload sums, for the local searches below.
+
+    Besides the sums it keeps the parts sorted by free room and by workload
+    (:class:`_SortedPairs`), so "the fullest part with room for this item", "the parts with
+    most room" and "the heaviest and the lightest parts" are binary searches instead of O(k)
+    NumPy scans per step.
+    """
+
+    def __init__(
+        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, workloads: np.ndarray, capacity: int, *, by_work: bool
+    ) -> None:
+        self.tokens_of = tokens.tolist()
+        self.work_of = self.tokens_of if workloads is tokens else workloads.tolist()
+        self.capacity = capacity
+        self.members: list[list[int]] = [list(p) for p in parts]
+        self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
+        self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
+        # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
+        # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
+        self.by_room = _SortedPairs(self._room_pairs())
+        self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
+        #: A part's members as (workloads ascending, items) lists, kept until the part changes: the
+        #: rebalance pairs the same light parts with one heavy part after another.
+        self.ranked_by_work: dict[int, tuple[list[int], list[int]]] = {}
+
+    def _room_pairs(self) -> list[tuple[int, int]]:
+        return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
+
+    def _add(self, part: int, tokens: int, work: int) -> None:
+        self.by_room.remove((self.capacity - self.tokens[part], -part))
+        self.tokens[part] += tokens
+        self.by_room.add((self.capacity - self.tokens[part], -part))
+        if self.by_work is not None:
+            self.by_work.remove((self.work[part], part))
+        self.work[part] += work
+        if self.by_work is not None:
+            self.by_work.add((self.work[part], part))
+
+    def room(self, part: int) -> int:
+        return self.capacity - self.tokens[part]
+
+    def work_ranked(self, part: int) -> tuple[list[int], list[int]]:
+        """The part's member workloads ascending (ties by item) and its items in that order."""
+        ranked = self.ranked_by_work.get(part)
+        if ranked is None:
+            pairs = sorted([(self.work_of[i], i) for i in self.members[part]])
+            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [item for _, item in pairs])
+        return ranked
+
+    def move(self, item: int, source: int, target: int) -> None:
+        self.ranked_by_work.pop(source, None)
+        self.ranked_by_work.pop(target, None)
+        self.members[source].remove(item)
+        self.members[target].append(item)
+        self._add(source, -self.tokens_of[item], -self.work_of[item])
+        self._add(target, self.tokens_of[item], self.work_of[item])
+
+    def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
+        """Trade ``item_a`` of ``bin_a`` for ``item_b`` of ``bin_b`` (members as two moves would
+        leave them; each part's sorted keys updated once)."""
+        self.ranked_by_work.pop(bin_a, None)
+        self.ranked_by_work.pop(bin_b, None)
+        self.members[bin_a].remove(item_a)
+        self.members[bin_b].append(item_a)
+        self.members[bin_b].remove(item_b)
+        self.members[bin_a].append(item_b)
+        tokens = self.tokens_of[item_b] - self.tokens_of[item_a]
+        work = self.work_of[item_b] - self.work_of[item_a]
+        self._add(bin_a, tokens, work)
+        self._add(bin_b, -tokens, -work)
+
+    def result(self) -> list[list[int]]:
+        return [sorted(p) for p in self.members]
+
+
+class _RankedBins(_Bins):
+    """:class:`_Bins` on tokens alone (the repair), where a part's members, once a step looks at
+    them, are kept sorted by ``(tokens, item)`` as two parallel lists (sizes and items), so
+    later steps binary-search them without sorting. Parts are sorted on first use: a try that
+    fails at once sorts a few."""
+
+    def __init__(self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> None:
+        super().__init__(parts, tokens, tokens, capacity, by_work=False)
+        self._sizes: list[Optional[list[int]]] = [None] * len(self.members)
+        self._items: list[Optional[list[int]]] = [None] * len(self.members)
+
+    def _room_pairs(self) -> list[tuple[int, int]]:
+        # Parts over the capacity are never a target, so ``by_room`` holds only the others: a
+        # step then updates one entry (the target's) instead of two.
+        return [(self.capacity - t, -part) for part, t in enumerate(self.tokens) if t <= self.capacity]
+
+    def _add(self, part: int, tokens: int, work: int) -> None:
+        room = self.capacity - self.tokens[part]
+        if room >= 0:
+            self.by_room.remove((room, -part))
+        self.tokens[part] += tokens
+        if room - tokens >= 0:
+            self.by_room.add((room - tokens, -part))
+
+    def ranked(self, part: int) -> tuple[list[int], list[int]]:
+        """The part's member sizes, ascending, and its items in the same order (ties by index);
+        the lists themselves, kept sorted by :meth:`move` and :meth:`swap`."""
+        sizes = self._sizes[part]
+        if sizes is None:
+            sizes_of = self.tokens_of
+            pairs = sorted([(sizes_of[i], i) for i in self.members[part]])
+            sizes = self._sizes[part] = [size for size, _ in pairs]
+            self._items[part] = [item for _, item in pairs]
+        return sizes, self._items[part]
+
+    def _take(self, part: int, item: int) -> None:
+        sizes, items = self.ranked(part)
+        position = bisect.bisect_left(sizes, self.tokens_of[item])
+        while items[position] != item:  # among equal sizes
+            position += 1
+        del sizes[position], items[position]
+
+    def _put(self, part: int, item: int) -> None:
+        sizes, items = self.ranked(part)
+        size = self.tokens_of[item]
+        position = bisect.bisect_left(sizes, size)
+        while position < len(sizes) and sizes[position] == size and items[position] < item:
+            position += 1
+        sizes.insert(position, size)
+        items.insert(position, item)
+
+    def move(self, item: int, source: int, target: int) -> None:
+        self._take(source, item)
+        self._put(target, item)
+        self._add(source, -self.tokens_of[item], 0)
+        self._add(target, self.tokens_of[item], 0)
+
+    def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
+        self._take(bin_a, item_a)
+        self._take(bin_b, item_b)
+        self._put(bin_a, item_b)
+        self._put(bin_b, item_a)
+        shift = self.tokens_of[item_b] - self.tokens_of[item_a]
+        self._add(bin_a, shift, 0)
+        self._add(bin_b, -shift, 0)
+
+    def size(self, part: int) -> int:
+        items = self._items[part]
+        return len(self.members[part]) if items is None else len(items)
+
+    def result(self) -> list[list[int]]:
+        return [sorted(members if items is None else items) for members, items in zip(self.members, self._items)]

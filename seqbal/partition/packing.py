@@ -1,0 +1,216 @@
+"""Packers under a cap (first fit, best-fit decreasing, the reserving fill) and bin splitting.
+
+A packing is where the count search knows a feasible count from: every bin is within the cap
+by construction, and :func:`split_bins_to_count` turns a packing of ``m`` bins into one of any
+count from ``m`` to the number of items without breaking the cap. Two packings are kept
+because they fail on different shapes: best-fit decreasing is the better one on most
+families, the reserving fill 8% better near a third of the cap; the count search takes the
+better of the two. Both are O(n log n) with sorted Python lists (C-level insertions).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..validation import IntSequence, as_int_array, check_count, check_is_partition, check_items_fit
+from .parts import _part_sums
+
+def first_fit_partitions(lengths: IntSequence, capacity: int, *, decreasing: bool = False) -> list[list[int]]:
+    """First-fit bin packing: each item goes into the first bin with room, else a new bin.
+
+    Items are taken in input order (as the trainers that use first-fit do), or by descending
+    length when ``decreasing`` (FFD, at most 11/9 OPT + 6/9 bins). Bins are returned in opening
+    order, each an ascending list of item indices; every bin's sum is ``<= capacity``.
+
+    Complexity: O(n * bins) comparisons, vectorised per item with NumPy.
+
+    Raises:
+        ValueError: an item is negative or larger than ``capacity``, or ``capacity <= 0``.
+
+    >>> first_fit_partitions([6, 5, 4, 3], 10)
+    [[0, 2], [1, 3]]
+    """
+    sizes = as_int_array(lengths)
+    capacity = check_items_fit(sizes, capacity)
+    order = np.argsort(-sizes, kind="stable") if decreasing else np.arange(len(sizes))
+    free = np.empty(max(len(sizes), 1), dtype=np.int64)
+    bins: list[list[int]] = []
+    for item in order.tolist():
+        size = sizes[item]
+        fits = np.flatnonzero(free[: len(bins)] >= size)
+        if fits.size:
+            target = int(fits[0])
+            bins[target].append(item)
+            free[target] -= size
+        else:
+            free[len(bins)] = capacity - size
+            bins.append([item])
+    return [sorted(b) for b in bins]
+
+
+def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: largest item first, into the fullest bin that still has room.
+
+    Uses at most as many bins as FFD's bound (11/9 OPT + 6/9) and, on the length mixes of RL
+    batches, often one or two fewer than first-fit decreasing, because it keeps large holes
+    open for large items. Bins are returned in opening order with ascending indices.
+
+    Complexity: O(n log n) with a sorted list of (free room, bin) pairs (insertions are C-level
+    memmoves of at most ``bins`` entries).
+
+    Raises:
+        ValueError: an item is negative or larger than ``capacity``, or ``capacity <= 0``.
+
+    >>> best_fit_decreasing_partitions([5, 4, 3, 3, 2, 2, 1], 10)
+    [[0, 1, 6], [2, 3, 4, 5]]
+    """
+    sizes = as_int_array(lengths)
+    capacity = check_items_fit(sizes, capacity)
+    order = np.lexsort((np.arange(len(sizes)), -sizes)).tolist()
+    size_list = sizes.tolist()
+    rooms: list[tuple[int, int]] = []  # sorted (free room, bin index)
+    bins: list[list[int]] = []
+    for item in order:
+        size = size_list[item]
+        position = bisect.bisect_left(rooms, (size, -1))
+        if position < len(rooms):
+            room, target = rooms.pop(position)
+            bins[target].append(item)
+            bisect.insort(rooms, (room - size, target))
+        else:
+            bins.append([item])
+            bisect.insort(rooms, (capacity - size, len(bins) - 1))
+    return [sorted(b) for b in bins]
+
+
+def _reserving_fill_partitions(sizes: np.ndarray, capacity: int) -> list[list[int]]:
+    """A cap-respecting packing that fills one bin at a time: the largest item left opens it,
+    then it takes the largest item that still leaves room for the smallest item left, and last
+    the largest item that fits. Items must be ``<= capacity``.
+
+    Best-fit decreasing puts two large items together and leaves a hole no item fills (two
+    items just over a third of the cap, then nothing); reserving room for the smallest item
+    makes large-small-middle triples instead. Near a third of the cap this packs 8% fewer bins
+    than best-fit decreasing (90,140 against 98,135 for 262,144 samples at cap 4096); on the
+    benchmark families it is within 1% of it either way (0.6% fewer on the Qwen rollouts at
+    cap 4096, 0.2% more on lognormal lengths), which is why the count search takes the better
+    of the two.
+
+    Complexity: O(n log n): a binary search and a union-find lookup ("largest item left at or
+    below a position", near O(1) amortised) per item. Bins in opening order, indices ascending.
+
+    >>> sizes = np.array([1500, 1450, 1400, 1300, 1250, 1200])
+    >>> _reserving_fill_partitions(sizes, 4096), len(best_fit_decreasing_partitions(sizes, 4096))
+    ([[0, 3, 4], [1, 2, 5]], 3)
+    """
+    n = len(sizes)
+    order = np.lexsort((np.arange(n), sizes))  # ascending size, index breaks ties
+    size_at = [-1] + sizes[order].tolist()  # position 0 is a sentinel below every item
+    item_at = [-1] + order.tolist()
+    left_of = list(range(n + 1))  # left_of[p] == p: the item at p is still unpacked
+
+    def largest_left(position: int) -> int:
+        """The largest unpacked position <= ``position`` (0 if none), halving the path."""
+        while left_of[position] != position:
+            left_of[position] = left_of[left_of[position]]
+            position = left_of[position]
+        return position
+
+    def take(position: int) -> int:
+        left_of[position] = position - 1
+        return item_at[position]
+
+    bins: list[list[int]] = []
+    smallest = 1  # the smallest unpacked position: it only moves up
+    for _ in range(n):  # at most n bins; stops when every item is packed
+        top = largest_left(n)
+        if top == 0:
+            break
+        room = capacity - size_at[top]
+        members = [take(top)]
+        while True:
+            while smallest <= n and left_of[smallest] != smallest:
+                smallest += 1
+            if smallest > n or size_at[smallest] > room:
+                break
+            # The largest item that leaves room for the smallest one; if only the smallest
+            # itself does, the largest item that fits, and the bin is done.
+            position = largest_left(bisect.bisect_right(size_at, room - size_at[smallest]) - 1)
+            last = position <= smallest
+            if last:
+                position = largest_left(bisect.bisect_right(size_at, room) - 1)
+            room -= size_at[position]
+            members.append(take(position))
+            if last:
+                break
+        bins.append(sorted(members))
+    return bins
+
+
+def _split_in_two(items: list[int], weights: np.ndarray) -> tuple[list[int], list[int]]:
+    """Split ``items`` (>= 2) into two non-empty halves of balanced weight (greedy LPT)."""
+    ordered = sorted(items, key=lambda i: (-int(weights[i]), i))
+    left, right = [ordered[0]], [ordered[1]]
+    left_sum, right_sum = int(weights[ordered[0]]), int(weights[ordered[1]])
+    for item in ordered[2:]:
+        if left_sum <= right_sum:
+            left.append(item)
+            left_sum += int(weights[item])
+        else:
+            right.append(item)
+            right_sum += int(weights[item])
+    return sorted(left), sorted(right)
+
+
+def split_bins_to_count(
+    bins: Sequence[Sequence[int]],
+    lengths: IntSequence,
+    target: int,
+    *,
+    weights: Optional[IntSequence] = None,
+) -> list[list[int]]:
+    """Split bins until there are exactly ``target`` of them.
+
+    Repeatedly takes the heaviest bin with at least two items (by ``weights``, default
+    ``lengths``; ties by lowest bin position) and splits it into two halves of balanced weight.
+    A half never holds more than the bin it came from, so no cap that the input respected is
+    ever broken. Bins already present keep their position; new halves are appended.
+
+    Complexity: O(n log n + (target - len(bins)) log target).
+
+    Raises:
+        ValueError: ``bins`` not a partition of the item indices (an index out of range,
+            repeated or missing), ``target`` not an int, smaller than the number of bins, or
+            larger than the number of items (a bin cannot be empty).
+
+    >>> split_bins_to_count([[0, 1, 2]], [3, 2, 1], 2)
+    [[0], [1, 2]]
+    """
+    sizes = as_int_array(lengths)
+    weight_array = sizes if weights is None else as_int_array(weights, "weights")
+    if len(weight_array) != len(sizes):
+        raise ValueError(f"lengths has {len(sizes)} entries but weights has {len(weight_array)}")
+    target = check_count(target, "target")
+    result = [sorted(b) for b in bins]
+    check_is_partition(result, len(sizes))
+    n_items = sum(len(b) for b in result)
+    if target < len(result):
+        raise ValueError(f"cannot split {len(result)} bins down to {target}; splitting only adds bins")
+    if target > n_items:
+        raise ValueError(f"cannot make {target} non-empty bins from {n_items} items")
+    sums = _part_sums(weight_array, result).tolist()
+    heap = [(-sums[position], position) for position, b in enumerate(result) if len(b) > 1]
+    heapq.heapify(heap)
+    while len(result) < target:
+        _, position = heapq.heappop(heap)
+        left, right = _split_in_two(result[position], weight_array)
+        result[position] = left
+        result.append(right)
+        for pos in (position, len(result) - 1):
+            if len(result[pos]) > 1:
+                heapq.heappush(heap, (-int(weight_array[result[pos]].sum()), pos))
+    return result

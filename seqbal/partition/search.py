@@ -1,0 +1,153 @@
+"""The count search: the smallest count at which a cap-respecting partition is found.
+
+The count comes before the balance. It lies between the packing lower bound and the count of a
+packing, and the search runs over "a partition into at most ``k`` parts is known", monotone by
+construction (a known partition splits up to any larger count), so bisection is sound: a few
+counts one by one from the bound (the answer is usually there), one below the packing, then
+bisection, then a walk down below the bisection's last failure (the try itself is not
+monotone). Each probe is one feasibility try at O(n log k), so a search is a handful of
+packing passes instead of the older design's tens of full KK repartitions.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..validation import IntSequence, as_int_array, check_count, check_items_fit
+from .balance import SMALL_COUNT, _balance_at
+from .bounds import packing_lower_bound
+from .feasibility import _fit_in, _Try
+from .packing import _reserving_fill_partitions, best_fit_decreasing_partitions
+from .parts import _descending, roundup_divisible
+
+# Tuning: which counts the search probes, and how hard each probe tries.
+
+#: Searches over at most this many items (and at most SMALL_COUNT parts) try KK starts too,
+#: with an unlimited repair (trades two more starts per probe for counts found on small
+#: inputs): every pass is cheap there, and small inputs are where a missed count costs most.
+THOROUGH_ITEMS = 256
+#: Counts tried one by one from the bound before the search jumps below the packing (trades
+#: probes for the common answer a count or two above the bound), unless a try stalls
+#: (:data:`seqbal.partition.feasibility.STALLED_FRACTION`).
+LINEAR_TRIES = 3
+
+
+def smallest_feasible_partitions(
+    tokens: IntSequence,
+    workloads: IntSequence,
+    capacity: int,
+    *,
+    min_count: int = 1,
+    step: int = 1,
+) -> tuple[int, Optional[list[list[int]]]]:
+    """The smallest count ``k`` (``>= min_count``, a multiple of ``step``) at which a
+    cap-respecting partition is found, and a balanced partition at that count.
+
+    The count is decided before any balancing. It lies between the bound ``k0`` (the larger
+    of ``min_count`` and :func:`packing_lower_bound`, rounded up to ``step``) and the count
+    ``b`` of a packing rounded up to ``step``, where a partition is known (split the
+    packing): best-fit decreasing, or where that lands above ``k0`` the better of it and
+    :func:`_reserving_fill_partitions`. Counts below ``b`` are tried with one feasibility try,
+    the same at every count (:func:`_fit_in`: LPT on workloads and on tokens, repaired). The
+    search is over the predicate "a partition into at most ``k`` parts is known", which is
+    monotone by construction (a known partition splits up to any larger count): it tries
+    ``k0`` and the next two counts one by one (fewer if a try stalls, see
+    :data:`STALLED_FRACTION`), then ``b - step``, then bisects between the last failure and
+    the smallest success, then, since the try itself is not monotone, tries the counts below
+    the bisection's last failure downwards until one fails. Then the partition is balanced
+    once, at the final count (:func:`capped_balanced_partitions`, reusing the try's partition
+    where it can). If the count exceeds the number of items, ``(count, None)`` is returned so
+    the caller can report what was needed.
+
+    Complexity: O(n log n) for the bound and the packings; 2 tries when the first stalls and
+    the one below the packing fails, about ``4 + log2((b - k0) / step)`` otherwise, each
+    O(n log k) plus the repair; one balance.
+
+    >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
+    8
+    >>> smallest_feasible_partitions([5, 5, 5, 5, 4, 4], [5, 5, 5, 5, 4, 4], 10, step=2)[0]
+    4
+    """
+    size = as_int_array(tokens, "tokens")
+    work = as_int_array(workloads, "workloads")
+    capacity = check_items_fit(size, capacity)
+    step = check_count(step, "step")
+    min_count = check_count(min_count, "min_count")
+    if step < 1 or min_count < 1:
+        raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
+    n = len(size)
+    k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
+    if k0 > n:
+        return k0, None
+    packing = best_fit_decreasing_partitions(size, capacity)
+    if roundup_divisible(len(packing), step) > k0:  # a search would run: another packing may land lower
+        filled = _reserving_fill_partitions(size, capacity)
+        if len(filled) < len(packing):
+            packing = filled
+    count, known, found_by = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
+    if count > n:
+        return count, None
+    return count, _balance_at(size, work, capacity, count, known, found_by)
+
+
+def _search_count(
+    size: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    low: int,
+    packed: int,
+    step: int,
+    packing: list[list[int]],
+) -> tuple[int, list[list[int]], Optional[_Try]]:
+    """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
+    with that partition (at most that many parts) and the try that made it at that count
+    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`."""
+    if low >= packed:
+        return low, packing, None
+    # Decided once, so every count of this search gets the same try: small inputs get every start.
+    thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
+    orders = (_descending(work), _descending(size))  # the same for every try
+    failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
+    # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
+    # bound, and a try can fail just above a count where it works); then one step below the
+    # packing, the count most likely to work; then bisection between the last failure and the
+    # smallest success. Every probe is the same try, and a success at m settles every count
+    # above m (split the partition), so the predicate searched is monotone by construction.
+    # A stalled try ends the one-by-one tries (see STALLED_FRACTION); bisection may still
+    # come back to their counts.
+    probes = [low + i * step for i in range(LINEAR_TRIES)]
+    stalled = False
+    failures: set[int] = set()  # counts whose try failed
+    for count in probes + [packed - step]:
+        if not failed < count < found or (stalled and count != packed - step):
+            continue
+        tried = _fit_in(size, work, capacity, count, thorough, orders)
+        if tried.parts is not None:
+            found, known, found_by = count, tried.parts, tried
+            break
+        failed, stalled = count, tried.stalled
+        failures.add(count)
+
+    bisected = found - failed > step
+    while found - failed > step:  # bisect (failed, found)
+        middle = failed + (found - failed) // (2 * step) * step
+        tried = _fit_in(size, work, capacity, middle, thorough, orders)
+        if tried.parts is not None:
+            found, known, found_by = middle, tried.parts, tried
+        else:
+            failed = middle
+            failures.add(middle)
+    if bisected:
+        # The try is not monotone: it can work below a count where it failed (on rng(91) it
+        # works at 89 and 90 and fails at 91, where bisection stops). So the counts below the
+        # last failure are tried downwards, until one fails or was seen to fail.
+        count = found - 2 * step
+        while count >= low and count not in failures:
+            tried = _fit_in(size, work, capacity, count, thorough, orders)
+            if tried.parts is None:
+                break
+            found, known, found_by = count, tried.parts, tried
+            count -= step
+    return found, known, found_by
