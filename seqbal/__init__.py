@@ -30,6 +30,7 @@ _EXPORTS = {
     "trim_to_window": "rearrange",
     "plan_micro_batches": "plan",
     "plan_data_parallel": "plan",
+    "dummy_source": "plan",
     "MicroBatchPlanError": "plan",
     "CostModel": "cost",
     "get_seqlen_balanced_partitions": "partition",
@@ -45,6 +46,9 @@ _EXPORTS = {
     "make_workload_fn": "workload",
     "log_seqlen_unbalance": "metrics",
     "micro_batch_summary": "metrics",
+    "micro_batch_metrics": "metrics",
+    "METRIC_KEYS": "metrics",
+    "loss_weights": "loss",
     "get_group_balanced_partitions": "schedule",
     "build_dp_schedule": "schedule",
     "DPSchedule": "schedule",
@@ -69,7 +73,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy look-up
     from .cost import CostModel
-    from .metrics import log_seqlen_unbalance, micro_batch_summary
+    from .loss import loss_weights
+    from .metrics import METRIC_KEYS, log_seqlen_unbalance, micro_batch_metrics, micro_batch_summary
     from .partition import (
         best_fit_decreasing_partitions,
         capped_balanced_partitions,
@@ -81,7 +86,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
         roundup_divisible,
         split_bins_to_count,
     )
-    from .plan import MicroBatchPlanError, plan_data_parallel, plan_micro_batches
+    from .plan import MicroBatchPlanError, dummy_source, plan_data_parallel, plan_micro_batches
     from .rearrange import (
         effective_lengths,
         get_reverse_idx,
