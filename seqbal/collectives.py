@@ -19,6 +19,9 @@ all-reduces per call, whatever the data:
 
 Rank identities are packed into the same integers (``value * world + rank``) so that the MAX
 also tells which rank failed or has the fewest groups, without a third collective.
+
+``loss_weights`` needs sums (loss tokens and sequences over the ranks), not maxima: its one
+SUM all-reduce (:func:`sum_with_error`) carries the error agreement as one slot per rank.
 """
 
 from __future__ import annotations

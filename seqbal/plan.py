@@ -12,6 +12,12 @@ Errors are detected locally first and raised as :class:`MicroBatchPlanError` (a
 first all-reduce with an error code, so that every rank learns of the failure and raises
 together; raising first would leave the healthy ranks blocked in a collective until the
 process-group timeout.
+
+With ``dummy_micro_batches=True`` in sync mode, a rank with fewer groups than the agreed count
+is not an error: it proposes the count it needs like any rank, partitions its groups one per
+part, and returns empty index lists for the rest (the caller fills them with copies of a
+sample, see :func:`dummy_source`). The flag is one of the arguments every rank must match: a
+rank that raised ``Cannot satisfy`` while its peers went on to the second all-reduce would hang.
 """
 
 from __future__ import annotations

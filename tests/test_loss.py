@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from seqbal import MicroBatchPlanError, loss_weights, rearrange_micro_batches
 
 from . import loss_workers as workers
+from .invariants import assert_plan_invariants
 
 #: The losses are float64; the weights are float32 (relative error <= 2**-24 each), so the
 #: accumulated gradient may differ from the full-batch one by about 1e-7 of its size.
@@ -162,7 +163,7 @@ def two_ranks(tmp_path_factory):
     return records
 
 
-def all_samples(nested: bool = False) -> TensorDict:
+def all_samples() -> TensorDict:
     return torch.cat([workers.rank_batch(rank) for rank in range(2)])
 
 
@@ -176,6 +177,9 @@ def test_two_ranks_with_dummies_equal_the_full_batch_gradient(two_ranks, mode, v
     for part, weight in zip(records[1]["indices"], records[1]["weights"]):
         if not part:
             assert weight == [0.0]
+    for rank, record in enumerate(records):
+        lengths = workers.rank_batch(rank)["attention_mask"].sum(-1).tolist()
+        assert_plan_invariants(lengths, record["indices"], workers.CAP, dummy_micro_batches=True)
     reference = reference_gradient(all_samples(), mode)
     for record in records:  # both ranks hold the same reduced gradient
         close(torch.tensor(record["gradient"], dtype=torch.float64), reference)
