@@ -9,7 +9,7 @@ Names are loaded lazily: planning on plain lengths (:func:`plan_micro_batches`,
 :func:`plan_data_parallel`, :func:`build_dp_schedule`, the partitioner, ``seqbal plan``) needs
 only NumPy, so ``import seqbal`` does not import torch or tensordict; they load the first time a
 TensorDict or torch.distributed feature (:func:`rearrange_micro_batches`,
-:func:`restore_dynamic_batch`, a ``dp_group``) is used.
+:func:`restore_dynamic_batch`, :func:`loss_weights`, a ``dp_group``) is used.
 """
 
 from __future__ import annotations
