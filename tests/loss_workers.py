@@ -109,6 +109,12 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             records[f"{mode}/nested"] = accumulate(rank, mode, "mean", True, group)
         for kind in ("missing_key", "mismatched_mode", "half_mask"):
             records[f"error/{kind}"] = error_scenario(rank, kind, group)
+        lengths = rank_batch(rank)["attention_mask"].sum(-1).tolist()
+        try:  # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
+            seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1)
+            records["error/mismatched_dummies"] = {"error": None}
+        except ValueError as error:
+            records["error/mismatched_dummies"] = {"error": str(error), "code": getattr(error, "code", None)}
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()

@@ -201,3 +201,9 @@ def test_two_ranks_that_pass_different_modes_both_raise(two_ranks):
     errors = [r["error/mismatched_mode"] for r in two_ranks]
     assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
     assert "passed different arguments to loss_weights" in errors[0]["error"]
+
+
+def test_two_ranks_that_disagree_on_dummies_both_raise(two_ranks):
+    errors = [r["error/mismatched_dummies"] for r in two_ranks]
+    assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
+    assert "dummy_micro_batches from 0 to 1" in errors[0]["error"]
