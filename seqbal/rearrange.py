@@ -229,8 +229,13 @@ def rearrange_micro_batches(
         (8, [1, 1, 1, 1, 1, 1, 1, 1])
     """
     measured: list[torch.Tensor] = []  # the lengths the plan read, for the dummies' source
+
+    def read_lengths() -> torch.Tensor:
+        measured.append(_batch_lengths(batch))
+        return measured[-1]
+
     indices = _plan(
-        lambda: measured.append(_batch_lengths(batch)) or measured[0],
+        read_lengths,
         max_token_len,
         dp_group,
         num_batches_divided_by,
@@ -241,7 +246,7 @@ def rearrange_micro_batches(
         cost_model,
         dummy_micro_batches,
     )
-    source = dummy_source(measured[0], force_group_size, cost_model) if any(not part for part in indices) else None
+    source = dummy_source(measured[-1], force_group_size, cost_model) if any(not part for part in indices) else None
     micro_batches = [select_rows(batch, part if part else source) for part in indices]
     if trim_padding and "attention_mask" in batch.keys():
         micro_batches = [trim_to_window(micro_batch) for micro_batch in micro_batches]
