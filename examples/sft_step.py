@@ -8,7 +8,13 @@ tokens, so averaging the loss per micro-batch and then over micro-batches weight
 a small micro-batch more than a token of a big one: the accumulated gradient is then *not* the
 gradient of the batch loss. The right way is to divide every micro-batch's summed token loss by
 the number of loss tokens of the whole global batch (all micro-batches, all ranks), and sum the
-gradients (backward accumulates; ranks all-reduce with SUM).
+gradients (backward accumulates; ranks all-reduce with SUM). ``seqbal.loss_weights`` computes
+that scale for you (and the sequence-level modes); ``examples/ppo_actor_step.py`` uses it.
+
+The forward is padded: each micro-batch is cut to its own longest sample, so it holds
+``samples x longest`` tokens. The plan therefore uses ``cost_model="padded"``, which caps
+exactly that (the default token cost caps real tokens only, and a micro-batch mixing one long
+and several short samples would hold more than the cap once padded).
 
 The script checks that the accumulated gradient equals the gradient of one forward/backward
 over the whole global batch, within |acc - full| <= 1e-6 + 1e-4 * |full| (float32; the paths
@@ -101,7 +107,10 @@ def main() -> int:
         dist.all_reduce(global_tokens)
 
     # 2. Gradient accumulation over dynamic micro-batches, each loss divided by the global count.
-    micro_batches, _ = rearrange_micro_batches(batch, max_token_len=args.max_token_len, dp_group=group)
+    micro_batches, _ = rearrange_micro_batches(
+        batch, max_token_len=args.max_token_len, dp_group=group, cost_model="padded"
+    )
+    largest = max(len(mb) * int(mb["attention_mask"].sum(-1).max()) for mb in micro_batches)
     accumulated = accumulate(model, micro_batches, lambda mb: global_tokens, distributed)
 
     # 3. Reference: one forward/backward of the whole global batch (every rank rebuilds all of it).
@@ -127,6 +136,7 @@ def main() -> int:
               f"{int(global_tokens)} global loss tokens")
         print(f"batch loss (sum of token NLL / global loss tokens): {reference_loss.item():.6f}")
         print(f"per-micro-batch mean instead (the common mistake): gradient off by {mistake:.1%} (relative L2)")
+        print(f"largest samples x longest: {largest} <= cap {args.max_token_len}")
         print(f"max |accumulated grad - full-batch grad| = {error:.2e}")
         print("check: " + ("OK, accumulated gradient equals the full-batch gradient" if flag.item() else "FAILED")
               + f" (atol={ATOL}, rtol={RTOL})")

@@ -9,7 +9,7 @@ Names are loaded lazily: planning on plain lengths (:func:`plan_micro_batches`,
 :func:`plan_data_parallel`, :func:`build_dp_schedule`, the partitioner, ``seqbal plan``) needs
 only NumPy, so ``import seqbal`` does not import torch or tensordict; they load the first time a
 TensorDict or torch.distributed feature (:func:`rearrange_micro_batches`,
-:func:`restore_dynamic_batch`, a ``dp_group``) is used.
+:func:`restore_dynamic_batch`, :func:`loss_weights`, a ``dp_group``) is used.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _EXPORTS = {
     "trim_to_window": "rearrange",
     "plan_micro_batches": "plan",
     "plan_data_parallel": "plan",
+    "dummy_source": "plan",
     "MicroBatchPlanError": "plan",
     "CostModel": "cost",
     "get_seqlen_balanced_partitions": "partition",
@@ -46,6 +47,9 @@ _EXPORTS = {
     "make_workload_fn": "workload",
     "log_seqlen_unbalance": "metrics",
     "micro_batch_summary": "metrics",
+    "micro_batch_metrics": "metrics",
+    "METRIC_KEYS": "metrics",
+    "loss_weights": "loss",
     "get_group_balanced_partitions": "schedule",
     "build_dp_schedule": "schedule",
     "DPSchedule": "schedule",
@@ -70,7 +74,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy look-up
     from .cost import CostModel
-    from .metrics import log_seqlen_unbalance, micro_batch_summary
+    from .loss import loss_weights
+    from .metrics import METRIC_KEYS, log_seqlen_unbalance, micro_batch_metrics, micro_batch_summary
     from .partition import (
         best_fit_decreasing_partitions,
         capped_balanced_partitions,
@@ -82,7 +87,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
         roundup_divisible,
         split_bins_to_count,
     )
-    from .plan import MicroBatchPlanError, plan_data_parallel, plan_micro_batches
+    from .plan import MicroBatchPlanError, dummy_source, plan_data_parallel, plan_micro_batches
     from .rearrange import (
         effective_lengths,
         get_reverse_idx,

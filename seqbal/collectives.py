@@ -19,6 +19,9 @@ all-reduces per call, whatever the data:
 
 Rank identities are packed into the same integers (``value * world + rank``) so that the MAX
 also tells which rank failed or has the fewest groups, without a third collective.
+
+``loss_weights`` needs sums (loss tokens and sequences over the ranks), not maxima: its one
+SUM all-reduce (:func:`sum_with_error`) carries the error agreement as one slot per rank.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ __all__ = [
     "is_process_group",
     "agree_on_constraints",
     "check_within_limit",
+    "SumAgreement",
+    "sum_with_error",
     "global_rank",
 ]
 
@@ -180,6 +185,47 @@ def check_within_limit(within_limit: bool, failed: bool, group: Any) -> LimitChe
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     agreed = int(flag.item())
     return LimitCheck(within_limit=agreed == 2 * world, failed_rank=agreed if agreed < world else -1)
+
+
+@dataclass(frozen=True)
+class SumAgreement:
+    """What :func:`sum_with_error` established, identical on every rank of the group.
+
+    Attributes:
+        sums: each value summed over the ranks (exact: int64).
+        error_code: the largest error code any rank sent, 0 if none.
+        error_rank: the rank (group-local) that sent ``error_code`` (the highest on ties), -1
+            if none.
+        world_size: size of the group.
+    """
+
+    sums: tuple[int, ...]
+    error_code: int
+    error_rank: int
+    world_size: int
+
+
+def sum_with_error(values: Sequence[int], error_code: int, group: Any) -> SumAgreement:
+    """One SUM all-reduce of ``values`` (non-negative ints) and of every rank's error code.
+
+    The loss weights need global counts and the agreement on errors in the same collective
+    (a rank that raised before it would leave its peers blocked in it). A SUM cannot take a
+    maximum, so each rank writes its error code into its own slot of a ``world``-long tail:
+    the sum then holds every rank's code, and all ranks pick the same one (largest code,
+    highest rank on ties, as :func:`agree_on_constraints` does). A failing rank sends zeros as
+    its values. Tensor: ``len(values) + world`` int64s.
+    """
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    codes = [0] * world
+    codes[rank] = int(error_code)
+    packed = torch.tensor([*map(int, values), *codes], dtype=torch.int64, device=_collective_device(group))
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
+    reduced = packed.cpu().tolist()
+    sums, agreed_codes = reduced[: len(values)], reduced[len(values):]
+    failing = [(code, r) for r, code in enumerate(agreed_codes) if code > 0]
+    code, failed_rank = max(failing) if failing else (0, -1)
+    return SumAgreement(sums=tuple(sums), error_code=code, error_rank=failed_rank, world_size=world)
 
 
 def global_rank(group: Any, rank_in_group: int) -> int:

@@ -10,9 +10,24 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from .cost import as_cost_model
 from .workload import calculate_workload
 
-__all__ = ["log_seqlen_unbalance", "micro_batch_summary"]
+__all__ = ["METRIC_KEYS", "log_seqlen_unbalance", "micro_batch_summary", "micro_batch_metrics"]
+
+#: Every key :func:`micro_batch_metrics` returns (after its prefix), with what it means: the one
+#: place the names live, so that every logger sees the same keys.
+METRIC_KEYS = {
+    "count": "micro-batches of the step on this rank, dummies included (what the step runs)",
+    "lower_bound": "ceildiv(total tokens, max_token_len), each sample rounded as the cost model rounds a "
+    "sequence: SPEC's count bound, which no plan goes below (not the tighter packing bound)",
+    "fill": "total tokens (rounded as for lower_bound) / (count x max_token_len), dummies counted as "
+    "waste; 1.0 is a full cap",
+    "workload_imbalance": "max / mean workload over the real micro-batches; 1.0 is perfect",
+    "max_cost": "cost of the largest micro-batch under the cost model (<= max_token_len)",
+    "max_tokens": "effective tokens of the largest micro-batch",
+    "dummies": "dummy micro-batches (empty index lists) added to reach the agreed count",
+}
 
 
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str) -> dict[str, Any]:
@@ -81,3 +96,56 @@ def micro_batch_summary(
         "workload_imbalance": (max(work) / mean_work) if mean_work > 0 else 1.0,
         "lower_bound": -(-total // max_token_len),
     }
+
+
+def micro_batch_metrics(
+    lengths: Sequence[int],
+    batch_idx_list: Sequence[Sequence[int]],
+    max_token_len: int,
+    *,
+    cost_model: Any = None,
+    prefix: str = "seqbal",
+    workload_fn: Optional[Callable[[Any], Any]] = None,
+) -> dict[str, Any]:
+    """The plan of one step as a flat dict of numbers for a logger (wandb, tensorboard).
+
+    Keys are ``f"{prefix}/{name}"`` for every name of :data:`METRIC_KEYS` (their meanings are
+    there); values are ints or floats. Costs are under ``cost_model`` (the one the plan used;
+    effective tokens by default); workloads use ``workload_fn`` (default
+    :func:`~seqbal.calculate_workload`; padded micro-batches weigh ``samples x`` their
+    longest's workload). Empty index lists are dummies (copies of a sample; their own cost is
+    not counted). O(n).
+
+    Examples:
+        >>> metrics = micro_batch_metrics([4, 4, 8], [[0, 1], [2], []], 8)
+        >>> metrics["seqbal/count"], metrics["seqbal/lower_bound"], metrics["seqbal/dummies"]
+        (3, 2, 1)
+        >>> round(metrics["seqbal/fill"], 3)
+        0.667
+    """
+    cost = as_cost_model(cost_model)
+    values = [int(s) for s in np.asarray(lengths, dtype=np.int64).tolist()]
+    real = [list(part) for part in batch_idx_list if len(part)]
+    work_of = workload_fn or calculate_workload
+    workloads = np.asarray(work_of(np.asarray(values, dtype=np.int64)), dtype=np.float64) if values else np.zeros(0)
+    if cost.padded:
+        rounded = cost.rounded(np.asarray(values, dtype=np.int64)) if values else np.zeros(0, dtype=np.int64)
+        work = [len(p) * float(np.asarray(work_of(np.asarray([rounded[p].max()])), dtype=np.float64)[0]) for p in real]
+    else:
+        work = [float(workloads[p].sum()) for p in real]
+    costs = cost.part_costs(values, real)
+    # per-sequence rounding only: packing rounds a whole micro-batch, and padding adds at least 0
+    sample_costs = int(cost.rounded(np.asarray(values, dtype=np.int64)).sum()) if values else 0
+    count = len(batch_idx_list)
+    mean_work = sum(work) / len(work) if work else 0.0
+    names = {
+        "count": count,
+        "lower_bound": -(-sample_costs // max_token_len),
+        "fill": sample_costs / (count * max_token_len) if count else 0.0,
+        "workload_imbalance": max(work) / mean_work if mean_work > 0 else 1.0,
+        "max_cost": max(costs, default=0),
+        "max_tokens": max((sum(values[i] for i in p) for p in real), default=0),
+        "dummies": count - len(real),
+    }
+    assert set(names) == set(METRIC_KEYS)  # one place names the keys: keep them in step
+    return {f"{prefix}/{name}": names[name] for name in METRIC_KEYS}

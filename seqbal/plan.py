@@ -12,6 +12,12 @@ Errors are detected locally first and raised as :class:`MicroBatchPlanError` (a
 first all-reduce with an error code, so that every rank learns of the failure and raises
 together; raising first would leave the healthy ranks blocked in a collective until the
 process-group timeout.
+
+With ``dummy_micro_batches=True`` in sync mode, a rank with fewer groups than the agreed count
+is not an error: it proposes the count it needs like any rank, partitions its groups one per
+part, and returns empty index lists for the rest (the caller fills them with copies of a
+sample, see :func:`dummy_source`). The flag is one of the arguments every rank must match: a
+rank that raised ``Cannot satisfy`` while its peers went on to the second all-reduce would hang.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ __all__ = [
     "plan_micro_batches",
     "plan_data_parallel",
     "order_for_pipeline",
+    "dummy_source",
 ]
 
 #: Effective lengths: a sequence of ints, a NumPy integer array or a 1-D integer torch tensor.
@@ -90,6 +97,7 @@ _MUST_MATCH = (
     "cost_model.padded",
     "cost_model.round_to",
     "cost_model.pack_round_to",
+    "dummy_micro_batches",
 )
 
 
@@ -107,6 +115,7 @@ class _Arguments:
     min_num_micro_batch: Optional[int]
     force_group_size: int
     cost_model: CostModel = CostModel()
+    dummy_micro_batches: bool = False
 
     def must_match(self) -> tuple[int, ...]:
         """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same)."""
@@ -118,6 +127,7 @@ class _Arguments:
             int(cost.padded),
             cost.round_to,
             cost.pack_round_to,
+            int(self.dummy_micro_batches),
         )
 
 
@@ -127,6 +137,7 @@ def _validate_arguments(
     min_num_micro_batch: Any,
     force_group_size: Any,
     cost_model: Any = None,
+    dummy_micro_batches: Any = False,
 ) -> _Arguments:
     """Check the integer arguments and return them as Python ints, and the cost model.
 
@@ -152,12 +163,15 @@ def _validate_arguments(
         cost = as_cost_model(cost_model)
     except ValueError as error:
         raise bad(str(error)) from None
+    if not isinstance(dummy_micro_batches, (bool, np.bool_)):
+        raise bad(f"dummy_micro_batches must be True or False, got {dummy_micro_batches!r}")
     return _Arguments(
         max_token_len=checked("max_token_len", max_token_len, "a positive int"),
         force_group_size=checked("force_group_size", force_group_size, "an int >= 1"),
         num_batches_divided_by=optional("num_batches_divided_by", num_batches_divided_by),
         min_num_micro_batch=optional("min_num_micro_batch", min_num_micro_batch),
         cost_model=cost,
+        dummy_micro_batches=bool(dummy_micro_batches),
     )
 
 
@@ -250,7 +264,14 @@ def _local_plan(
     min_num_micro_batch: Optional[int],
     force_group_size: int,
     cost_model: CostModel = CostModel(),
+    short_ok: bool = False,
 ) -> _LocalPlan:
+    """This rank's smallest feasible count and a partition at it.
+
+    With ``short_ok`` (synced dummy micro-batches) a count above the number of groups is not
+    an error: the plan keeps it as this rank's proposal and one group per part as its
+    partition; the agreement then fills the missing parts with dummies.
+    """
     n = len(lengths)
     if n % force_group_size:
         raise MicroBatchPlanError(
@@ -300,6 +321,8 @@ def _local_plan(
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
+    if parts is None and short_ok:
+        parts = [[group] for group in range(len(group_tokens))]
     if parts is None:
         model = "" if cost_model.is_default else f" under the {cost_model}"
         raise MicroBatchPlanError(
@@ -348,6 +371,38 @@ def _peer_failure(agreement: Any, max_token_len: Any, group: Any) -> MicroBatchP
     )
 
 
+def dummy_source(lengths: LengthsLike, force_group_size: int = 1, cost_model: Union[None, str, CostModel] = None) -> list[int]:
+    """The samples a dummy micro-batch copies: the rank's cheapest forced group.
+
+    With ``force_group_size=1`` that is the shortest sample (the first on ties): one sample,
+    which costs at most the cap under every cost model because every sample was checked
+    against it. With ``force_group_size=g > 1`` the planner's unit is a group, so a dummy is
+    a copy of the group that costs least under ``cost_model`` (``g`` samples): it keeps the
+    shape a group-wise loss expects (``g`` rows of one group), and it costs at most the cap
+    because every group was checked against it. Ties: fewer raw tokens, then the first group.
+    O(n log n).
+
+    Raises:
+        MicroBatchPlanError: no samples (there is nothing to copy).
+
+    Examples:
+        >>> dummy_source([5, 2, 7, 2])
+        [1]
+        >>> dummy_source([5, 2, 7, 1], force_group_size=2)  # groups cost 7 and 8 tokens
+        [0, 1]
+    """
+    array = _lengths_array(lengths)
+    g = int(force_group_size)
+    if g < 1 or len(array) % g:
+        raise MicroBatchPlanError(
+            f"force_group_size={force_group_size} does not divide the batch size {len(array)}", MicroBatchPlanError.BAD_BATCH
+        )
+    costs = as_cost_model(cost_model).group_costs(array, g)
+    # least cost, then fewest raw tokens (rounding makes costs tie), then the first group
+    cheapest = int(np.lexsort((np.arange(len(costs)), array.reshape(-1, g).sum(axis=1), costs))[0])
+    return list(range(cheapest * g, cheapest * g + g))
+
+
 def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[list[int]]:
     """Order micro-batches heaviest in the middle, lightest at both ends.
 
@@ -384,20 +439,33 @@ def _local_stage(
     min_num_micro_batch: Any,
     force_group_size: Any,
     cost_model: Any = None,
+    dummy_micro_batches: Any = False,
     *,
     capture_unexpected: bool,
+    synced: bool = False,
 ) -> _LocalStage:
     """Validate and plan on this rank's own data, capturing the error instead of raising it.
 
     With ``capture_unexpected`` (sync mode) any exception is captured, not only ours: an
-    unexpected one must still reach the agreement, or the peers would hang.
+    unexpected one must still reach the agreement, or the peers would hang. With ``synced``
+    and ``dummy_micro_batches``, a count above this rank's groups is left to the dummies.
     """
     arguments = None
     try:
         arguments = _validate_arguments(
-            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model
+            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
+            dummy_micro_batches,
         )
-        lengths = _lengths_array(get_lengths())
+        try:
+            lengths = _lengths_array(get_lengths())
+        except MicroBatchPlanError as error:
+            if error.code != MicroBatchPlanError.EMPTY_BATCH or not arguments.dummy_micro_batches:
+                raise
+            raise MicroBatchPlanError(
+                f"{error}; dummy_micro_batches=True cannot help: a dummy is a copy of one of the rank's own "
+                f"samples, and this rank has none (give every rank at least one sample)",
+                error.code,
+            ) from None
         plan = _local_plan(
             lengths,
             arguments.max_token_len,
@@ -405,6 +473,7 @@ def _local_stage(
             arguments.min_num_micro_batch,
             arguments.force_group_size,
             arguments.cost_model,
+            short_ok=synced and arguments.dummy_micro_batches,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:
@@ -462,7 +531,11 @@ def _check_dp_group(dp_group: Any) -> None:
 def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[int]]], bool, Optional[Exception]]:
     """Partition at ``count``: (partition, within the cap with exactly ``count`` non-empty parts, error)."""
     try:
-        candidate = local.partition_at(count)
+        if count == local.num_groups < local.count:  # a short rank (dummies): one group per part,
+            # each group was checked against the cap
+            candidate = [[group] for group in range(count)]
+        else:
+            candidate = local.partition_at(count)
     except Exception as error:  # noqa: BLE001 - a bug here must not leave the peers blocked
         return None, False, error
     within_limit = candidate is not None and len(candidate) == count and all(map(local.fits, candidate))
@@ -499,12 +572,13 @@ def _plan(
     use_dynamic_bsz_balance: bool,
     force_group_size: int,
     cost_model: Union[None, str, CostModel] = None,
+    dummy_micro_batches: bool = False,
 ) -> list[list[int]]:
     _check_dp_group(dp_group)
     sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
     stage = _local_stage(
         get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
-        capture_unexpected=sync,
+        dummy_micro_batches, capture_unexpected=sync, synced=sync,
     )
     if not sync:
         if stage.problem is not None:
@@ -533,11 +607,15 @@ def _plan(
     assert local is not None and stage.arguments is not None
     max_token_len = stage.arguments.max_token_len
     step = stage.arguments.num_batches_divided_by or 1
+    dummies = stage.arguments.dummy_micro_batches
     count = roundup_divisible(agreement.count, step)
     while True:
-        if count > agreement.min_groups:
+        if count > agreement.min_groups and not dummies:
             raise _cannot_satisfy_agreed(max_token_len, count, agreement.min_groups, agreement.min_groups_rank, dp_group)
-        candidate, within_limit, failure = _try_partition(local, count)
+        # With dummies a rank short of groups partitions what it has (one group per part) and
+        # fills the rest of the agreed count with empty index lists: the dummy micro-batches.
+        real = min(count, local.num_groups)
+        candidate, within_limit, failure = _try_partition(local, real)
         check = collectives.check_within_limit(within_limit, failure is not None, dp_group)
         if failure is not None:
             raise failure
@@ -549,7 +627,7 @@ def _plan(
             )
         if check.within_limit:
             assert candidate is not None
-            return _finish(stage, candidate, use_dynamic_bsz_balance)
+            return _finish(stage, candidate, use_dynamic_bsz_balance) + [[] for _ in range(count - real)]
         count += step
 
 
@@ -568,6 +646,8 @@ def plan_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
     cost_model: Union[None, str, CostModel] = None,
+    *,
+    dummy_micro_batches: bool = False,
 ) -> list[list[int]]:
     """Decide the micro-batches of a batch from its effective lengths alone.
 
@@ -593,6 +673,14 @@ def plan_micro_batches(
             ``"padded"`` (``samples x longest``, for padded forwards), or a
             :class:`~seqbal.CostModel` with per-sequence or packed rounding. Must be the same
             on every rank of ``dp_group``.
+        dummy_micro_batches: in sync mode, a rank with fewer forced groups than the agreed
+            count (or than ``min_num_micro_batch``/``num_batches_divided_by`` ask) gets the
+            agreed count anyway: one micro-batch per group, then empty index lists ``[]``
+            at the end, one per missing micro-batch (see :func:`dummy_source` for what
+            :func:`rearrange_micro_batches` puts in them). Outside sync mode it changes
+            nothing: a rank's own count never exceeds its groups, and a minimum or divisor
+            it cannot meet stays an error (no peer waits on this rank, so there is nothing
+            to keep in step). Must be the same on every rank of ``dp_group``. Default False.
 
     Returns:
         One ascending list of sample indices per micro-batch; together they hold every index
@@ -601,7 +689,9 @@ def plan_micro_batches(
         the count is at least ``ceildiv(total, max_token_len)`` and ``min_num_micro_batch``, a
         multiple of ``num_batches_divided_by``, and in sync mode equal on every rank.
         Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
-        all-reduces.
+        all-reduces. With ``dummy_micro_batches``, the lists after the real ones may be empty
+        (dummies); every guarantee holds for the real ones, and the count (dummies included)
+        is the agreed one.
 
     Integer arguments may be any integral type (``np.uint32(2)`` is 2); each must fit in int64,
     and ``bool`` is rejected.
@@ -632,6 +722,7 @@ def plan_micro_batches(
         use_dynamic_bsz_balance,
         force_group_size,
         cost_model,
+        dummy_micro_batches,
     )
 
 

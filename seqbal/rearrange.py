@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .cost import CostModel
-from .plan import MicroBatchPlanError, _plan
+from .plan import MicroBatchPlanError, _plan, dummy_source
 from .tensordict_compat import select_nested_rows, select_rows
 
 __all__ = [
@@ -185,6 +185,8 @@ def rearrange_micro_batches(
     force_group_size: int = 1,
     cost_model: Union[None, str, CostModel] = None,
     trim_padding: bool = False,
+    *,
+    dummy_micro_batches: bool = False,
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
@@ -205,11 +207,18 @@ def rearrange_micro_batches(
             trimmed micro-batch go back with :func:`restore_dynamic_batch` and ``windows``.
             Needs a 2-D ``attention_mask`` (a batch of nested ``input_ids`` has no padding to
             trim). Default False.
+        dummy_micro_batches: in sync mode, a rank with fewer groups than the agreed count gets
+            it anyway, the missing micro-batches being dummies at the end: each a copy of the
+            rank's shortest sample (its cheapest forced group when ``force_group_size > 1``,
+            see :func:`seqbal.plan.dummy_source`), every key included so any model runs it,
+            with an empty index list ``[]``. Give them zero loss weight
+            (:func:`seqbal.loss_weights` does); :func:`restore_dynamic_batch` drops their
+            outputs. Default False (a short rank is a ``Cannot satisfy`` error on every rank).
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
-        ``indices[i]`` (ascending original sample indices). Concatenate per-sample outputs in
-        this order and undo it with :func:`restore_dynamic_batch`.
+        ``indices[i]`` (ascending original sample indices; ``[]`` for a dummy). Concatenate
+        per-sample outputs in this order and undo it with :func:`restore_dynamic_batch`.
 
     Examples:
         >>> import torch
@@ -219,8 +228,14 @@ def rearrange_micro_batches(
         >>> len(micro_batches), [mb.batch_size[0] for mb in micro_batches]
         (8, [1, 1, 1, 1, 1, 1, 1, 1])
     """
+    measured: list[torch.Tensor] = []  # the lengths the plan read, for the dummies' source
+
+    def read_lengths() -> torch.Tensor:
+        measured.append(_batch_lengths(batch))
+        return measured[-1]
+
     indices = _plan(
-        lambda: _batch_lengths(batch),
+        read_lengths,
         max_token_len,
         dp_group,
         num_batches_divided_by,
@@ -229,8 +244,10 @@ def rearrange_micro_batches(
         use_dynamic_bsz_balance,
         force_group_size,
         cost_model,
+        dummy_micro_batches,
     )
-    micro_batches = [select_rows(batch, part) for part in indices]
+    source = dummy_source(measured[-1], force_group_size, cost_model) if any(not part for part in indices) else None
+    micro_batches = [select_rows(batch, part if part else source) for part in indices]
     if trim_padding and "attention_mask" in batch.keys():
         micro_batches = [trim_to_window(micro_batch) for micro_batch in micro_batches]
     return micro_batches, indices
@@ -330,16 +347,23 @@ def restore_dynamic_batch(
     ``data`` is the concatenation (along dim 0) of the per-micro-batch outputs in the order of
     ``batch_idx_list``, as returned by :func:`rearrange_micro_batches`: a dense tensor, a jagged
     nested tensor, or a TensorDict. Returns the same kind, row ``j`` being original sample ``j``.
-    O(n) rows copied.
+    It may also be a list of one output per micro-batch (dense or jagged tensors, or
+    TensorDicts), concatenated here. O(n) rows copied.
 
     Outputs of trimmed micro-batches (``trim_padding=True``) differ in width: pass them as a
     list, one dense tensor per micro-batch, with ``windows`` (:func:`padding_windows` of the
     untrimmed batch) and the full ``width``; each is put back at its columns of a zero tensor
     ``[B, width, ...]``.
 
+    Dummy micro-batches (``dummy_micro_batches=True``, an empty index list) are dropped: in a
+    list, their entries (and windows); concatenated, their rows, each dummy holding
+    ``(rows - indices) / dummies`` of them (one, or ``force_group_size``). Concatenated
+    outputs that already leave the dummies out are accepted too.
+
     Raises:
-        ValueError: the number of rows of ``data`` differs from the number of indices; a list
-            without ``windows`` and ``width``, or an output whose width is not its window's.
+        ValueError: the number of rows of ``data`` differs from the number of indices (plus a
+            whole number of rows per dummy); a list of outputs of different widths without
+            ``windows`` and ``width``, or an output whose width is not its window's.
 
     Examples:
         >>> restore_dynamic_batch(torch.tensor([30, 10, 20]), [[2], [0, 1]]).tolist()
@@ -349,18 +373,61 @@ def restore_dynamic_batch(
         [[5, 6, 0], [7, 0, 0]]
     """
     if isinstance(data, (list, tuple)):
-        data = _place_in_windows(data, batch_idx_list, windows, width)
+        if any(not part for part in batch_idx_list) and len(data) == len(batch_idx_list):
+            real = [position for position, part in enumerate(batch_idx_list) if part]
+            data = [data[p] for p in real]
+            windows = None if windows is None or len(windows) != len(batch_idx_list) else [windows[p] for p in real]
+            batch_idx_list = [batch_idx_list[p] for p in real]
+        if windows is None and width is None and _same_trailing_shape(data):
+            data = _concatenate(data)
+        else:
+            data = _place_in_windows(data, batch_idx_list, windows, width)
     indices = list(chain.from_iterable(batch_idx_list))
     is_tensor = isinstance(data, torch.Tensor)
     rows = data.shape[0] if is_tensor else data.batch_size[0]
-    if len(indices) != rows:
-        raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(indices)} indices")
-    reverse = get_reverse_idx(indices)
+    reverse = get_reverse_idx(indices) if len(indices) == rows else _skip_dummy_rows(batch_idx_list, indices, rows)
     if not is_tensor:
         return select_rows(data, reverse)
     if data.is_nested:
         return select_nested_rows(data, reverse)
     return data[torch.as_tensor(reverse, dtype=torch.long, device=data.device)]
+
+
+def _skip_dummy_rows(batch_idx_list: Sequence[Sequence[int]], indices: list[int], rows: int) -> list[int]:
+    """Row of each original sample in outputs that also hold the dummies' rows. O(rows)."""
+    dummies = sum(1 for part in batch_idx_list if not part)
+    extra = rows - len(indices)
+    if not dummies or extra < 0 or extra % dummies:
+        raise ValueError(
+            f"data has {rows} rows but batch_idx_list holds {len(indices)} indices"
+            + (f" and {dummies} dummy micro-batch(es), which would need the same number of rows each" if dummies else "")
+        )
+    per_dummy = extra // dummies
+    positions, offset = [], 0
+    for part in batch_idx_list:
+        positions.extend(range(offset, offset + len(part)))
+        offset += len(part) if part else per_dummy
+    return [positions[k] for k in get_reverse_idx(indices)]
+
+
+def _same_trailing_shape(outputs: Sequence[Any]) -> bool:
+    """Whether per-micro-batch outputs can be concatenated as they are (no windows needed)."""
+    shapes = {
+        tuple(o.shape[1:]) if isinstance(o, torch.Tensor) and not o.is_nested else ("nested",) if isinstance(o, torch.Tensor)
+        else ("tensordict",)
+        for o in outputs
+    }
+    return len(shapes) <= 1
+
+
+def _concatenate(outputs: Sequence[Any]) -> Union[torch.Tensor, TensorDict]:
+    """One output per micro-batch, concatenated along dim 0 (jagged tensors row by row)."""
+    if not outputs:
+        raise ValueError("got no outputs to restore")
+    first = outputs[0]
+    if isinstance(first, torch.Tensor) and first.is_nested:
+        return torch.nested.as_nested_tensor([row for o in outputs for row in o.unbind()], layout=torch.jagged)
+    return torch.cat(list(outputs))
 
 
 def _place_in_windows(

@@ -39,10 +39,15 @@ def assert_plan_invariants(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     cost_model=None,
+    dummy_micro_batches: bool = False,
 ) -> None:
     """Assert every guarantee of SPEC's "Public API" section for one returned plan.
 
-    ``cost_model`` is what the call was given; the cap is checked on that cost.
+    ``cost_model`` is what the call was given; the cap is checked on that cost. With
+    ``dummy_micro_batches`` (what the call was given) empty index lists are dummies: allowed
+    only after every real micro-batch, and only when the real ones are one per forced group
+    (a rank holding more groups than the count never gets a dummy); every other guarantee is
+    checked on the real micro-batches, the count bounds on the count with the dummies.
     """
     # Arguments may be NumPy scalars (np.int16, np.uint32): check in Python ints, which never wrap.
     max_token_len, force_group_size = int(max_token_len), int(force_group_size)
@@ -53,7 +58,14 @@ def assert_plan_invariants(
     flat = [i for part in parts for i in part]
     # every sample exactly once, no empty micro-batch, ascending indices
     assert sorted(flat) == list(range(n)), f"indices are not a permutation of range({n})"
-    for position, part in enumerate(parts):
+    real_count = sum(1 for part in parts if len(part))
+    if dummy_micro_batches and real_count < len(parts):
+        assert all(len(part) for part in parts[:real_count]), "a dummy (empty list) sits before a real micro-batch"
+        assert real_count == n // force_group_size, (
+            f"{len(parts) - real_count} dummies although the {n // force_group_size} groups fill only {real_count} "
+            f"micro-batches: a dummy is for a rank with fewer groups than the count"
+        )
+    for position, part in enumerate(parts[:real_count] if dummy_micro_batches else parts):
         assert len(part) > 0, f"micro-batch {position} is empty"
         assert list(part) == sorted(part), f"micro-batch {position} indices not ascending: {part}"
     # hard cap, on the cost the call chose

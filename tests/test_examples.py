@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
@@ -51,6 +53,69 @@ def test_sft_step():
     assert count >= 2
     before, after = map(float, re.search(r"batch loss ([\d.]+) -> ([\d.]+)", out).groups())
     assert after < before
+    # the forward is padded to each micro-batch's longest: that is what the cap must bound
+    largest, cap = map(int, re.search(r"largest samples x longest: (\d+) <= cap (\d+)", out).groups())
+    assert largest <= cap
+
+
+def _actor_reference(dump_dir: Path, mode: str) -> tuple["torch.Tensor", list]:
+    """The gradient of the global loss of ``mode`` over both ranks' dumped samples in one
+    forward/backward here (no micro-batches, no loss weights), and each rank's reduced gradient."""
+    import importlib
+
+    import torch
+    from tensordict import TensorDict
+
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        forward = importlib.import_module("ppo_actor_forward")
+        tiny = importlib.import_module("tiny_model")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    dumps = [torch.load(dump_dir / f"rank{rank}.pt") for rank in range(2)]
+    batches = [TensorDict(d["batch"], batch_size=[len(d["batch"]["attention_mask"])]) for d in dumps]
+    everything = torch.cat(batches)
+    torch.manual_seed(0)  # the example's weights before its step
+    model = tiny.TinyCausalLM(vocab=97, hidden=32, layers=2, heads=2)
+    log_probs = forward.micro_batch_log_probs(model, everything)
+    ratio = torch.exp(log_probs - everything["old_log_probs"])
+    advantages = everything["advantages"]
+    token_loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2))
+    mask = everything["loss_mask"].float()
+    per_sequence, tokens = (token_loss * mask).sum(-1), mask.sum(-1)
+    if mode == "token-mean":
+        loss = per_sequence.sum() / tokens.sum()
+    elif mode == "seq-mean-token-mean":
+        loss = (per_sequence / tokens.clamp(min=1)).sum() / len(tokens)  # no-token sequences: 0, still counted
+    else:
+        loss = per_sequence.sum() / len(tokens)
+    loss.backward()
+    reference = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return reference, [(d["gradients"][mode], d["indices"]) for d in dumps]
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["even", "short_rank_dummies"])
+def test_ppo_actor_step_gradients_equal_the_full_batch_gradient(tmp_path, short):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(EXAMPLES / "ppo_actor_step.py"), "--dump", str(tmp_path)] + (["--short-rank"] if short else [])
+    out = run(command, timeout=300).stdout
+    assert "check: OK" in out
+    headers = re.findall(r"^rank (\d): (\d+) micro-batches, (\d+) dummies", out, flags=re.M)
+    assert [h[0] for h in headers] == ["0", "1"] and headers[0][1] == headers[1][1]
+    assert int(headers[0][2]) == 0 and (int(headers[1][2]) > 0) == short
+    rows = re.findall(r"^\s+\d+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(real|dummy)$", out, flags=re.M)
+    assert len(rows) == 2 * int(headers[0][1])
+    for samples, padded, cap, _tokens, share, kind in rows:
+        assert int(padded) <= int(cap)  # the padded forward holds samples x longest: the cap bounds it
+        assert kind == "real" or (samples == "1" and float(share) == 0.0)
+    before, after = map(float, re.search(r"loss (-?[\d.]+) -> (-?[\d.]+)", out).groups())
+    assert after < before
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        reference, ranks = _actor_reference(tmp_path, mode)
+        for gradient, indices in ranks:
+            error = float((gradient - reference).abs().max())
+            assert error <= 1e-6 + 1e-4 * float(reference.abs().max()), (mode, error)
+        assert any(part == [] for part in ranks[1][1]) == short
 
 
 def test_ppo_example_uses_nccl_only_with_a_gpu_per_rank(monkeypatch):

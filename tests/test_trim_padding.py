@@ -92,7 +92,7 @@ def test_nested_input_ids_have_nothing_to_trim() -> None:
 
 def test_restore_of_a_list_needs_windows_and_matching_widths() -> None:
     with pytest.raises(ValueError, match="needs windows="):
-        restore_dynamic_batch([torch.zeros(1, 2)], [[0]])
+        restore_dynamic_batch([torch.zeros(1, 2), torch.zeros(1, 3)], [[0], [1]])
     with pytest.raises(ValueError, match=r"output 0 has shape \(1, 3\), but its window \(0, 2\) needs width 2"):
         restore_dynamic_batch([torch.zeros(1, 3)], [[0]], windows=[(0, 2)], width=4)
     with pytest.raises(ValueError, match="got 1 outputs, 2 windows"):

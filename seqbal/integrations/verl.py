@@ -184,6 +184,8 @@ def prepare_dynamic_batch(
     min_num_micro_batch: Optional[int] = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    *,
+    dummy_micro_batches: bool = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """verl's ``prepare_dynamic_batch`` on a ``DataProto``, with seqbal's guarantees.
 
@@ -192,6 +194,11 @@ def prepare_dynamic_batch(
     error) and returns, for each micro-batch, a ``DataProto`` of the same class holding its rows
     of ``data.batch`` and of every ``data.non_tensor_batch`` array, and a deep copy of
     ``data.meta_info`` (as verl does). O(data copied) plus the plan.
+
+    With ``dummy_micro_batches=True`` (sync mode) a rank short of samples gets dummy
+    micro-batches: a ``DataProto`` of the rank's shortest sample (tensors and non-tensor rows
+    alike) with the index list ``[]``; :func:`restore_dynamic_batch` drops their rows and
+    :func:`seqbal.loss_weights` gives them zero weight.
 
     Returns:
         ``(micro_batches, indices)``; undo the order with :func:`restore_dynamic_batch`.
@@ -213,11 +220,18 @@ def prepare_dynamic_batch(
         min_num_micro_batch=min_num_micro_batch,
         use_dynamic_bsz_balance=use_dynamic_bsz_balance,
         force_group_size=force_group_size,
+        dummy_micro_batches=dummy_micro_batches,
     )
+    source = None
+    if any(not part for part in indices):  # the rows rearrange copied into every dummy
+        from ..plan import dummy_source
+        from ..rearrange import effective_lengths
+
+        source = dummy_source(effective_lengths(data.batch), force_group_size)
     data_class = type(data)
     micro_batches = []
     for batch, part in zip(batches, indices):
-        rows = np.asarray(part, dtype=np.int64)
+        rows = np.asarray(part if part else source, dtype=np.int64)
         non_tensors = {key: value[rows] for key, value in (data.non_tensor_batch or {}).items()}
         micro_batches.append(
             data_class(batch=batch, non_tensor_batch=non_tensors, meta_info=copy.deepcopy(data.meta_info))
@@ -240,9 +254,10 @@ def restore_dynamic_batch(data: Any, batch_idx_list: list[list[int]]) -> Any:
         return rearrange.restore_dynamic_batch(data, batch_idx_list)
     order = [i for part in batch_idx_list for i in part]
     rows = len(data)
-    if len(order) != rows:
-        raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(order)} indices")
-    reverse = np.asarray(rearrange.get_reverse_idx(order), dtype=np.int64)
+    if len(order) == rows:
+        reverse = np.asarray(rearrange.get_reverse_idx(order), dtype=np.int64)
+    else:  # the rows of dummy micro-batches are dropped (or the row count is wrong: an error)
+        reverse = np.asarray(rearrange._skip_dummy_rows(batch_idx_list, order, rows), dtype=np.int64)
     batch = None if data.batch is None else rearrange.restore_dynamic_batch(data.batch, batch_idx_list)
     non_tensors = {key: value[reverse] for key, value in (data.non_tensor_batch or {}).items()}
     return type(data)(batch=batch, non_tensor_batch=non_tensors, meta_info=data.meta_info)

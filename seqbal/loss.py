@@ -1,0 +1,243 @@
+"""loss_weights: the per-sample loss scale that makes dynamic micro-batches exact.
+
+With micro-batches of different token counts, gradient accumulation and data-parallel
+averaging, a loss averaged per micro-batch is not the loss of the step: a token of a small
+micro-batch weighs more than a token of a big one, and a rank with fewer tokens weighs as much
+as a rank with more. The right scale depends only on global counts (loss tokens, sequences) over
+every micro-batch of every rank, so it is computed once per step, in one all-reduce, and handed
+back as a weight per sample: the trainer multiplies its token losses by it and sums, which is
+exact for any split. The weights are built here rather than folded into a loss function so that
+any loss (PPO clip, SFT NLL, KL terms) uses them the same way.
+
+The all-reduce carries this rank's error code too, as the planner's agreement does (see
+``plan.py``): a rank with a missing mask key does not raise alone and leave its peers waiting in
+the collective; every rank learns of it and raises together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional, Sequence
+
+import torch
+
+from .plan import _REASONS, MicroBatchPlanError, _check_dp_group, _rank_name
+
+__all__ = ["LOSS_MODES", "GRAD_REDUCTIONS", "loss_weights"]
+
+#: The aggregation modes, by verl's ``loss_agg_mode`` names.
+LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: How the engine reduces gradients over ``dp_group``: DDP/FSDP average ("mean"), or sum.
+GRAD_REDUCTIONS = ("mean", "sum")
+
+
+def _entry(micro_batch: Any, key: str) -> Any:
+    """``micro_batch[key]`` of a TensorDict or mapping, or of a DataProto's ``batch``."""
+    if hasattr(micro_batch, "non_tensor_batch") and hasattr(micro_batch, "batch"):
+        micro_batch = micro_batch.batch
+    if micro_batch is None or not hasattr(micro_batch, "keys"):
+        raise MicroBatchPlanError(
+            f"a micro-batch must be a TensorDict (or a mapping, or a DataProto), got {type(micro_batch).__name__}",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    if key not in micro_batch.keys():
+        keys = sorted(map(str, micro_batch.keys()))[:12]
+        raise MicroBatchPlanError(
+            f"loss_mask_key={key!r} is not in the micro-batch (keys: {keys}); pass the key of the loss mask",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    return micro_batch.get(key) if not isinstance(micro_batch, Mapping) else micro_batch[key]
+
+
+def _check_zero_one(values: torch.Tensor, key: str, position: int) -> None:
+    if values.dtype == torch.bool or values.numel() == 0:
+        return
+    if values.is_complex():
+        raise MicroBatchPlanError(f"{key} of micro-batch {position} is complex ({values.dtype})", MicroBatchPlanError.BAD_BATCH)
+    bad = ~((values == 0) | (values == 1))
+    if bool(bad.any()):
+        value = values[bad][0].item()
+        raise MicroBatchPlanError(
+            f"{key} of micro-batch {position} must be bool or hold only 0 and 1, got {value:.6g} "
+            f"({int(bad.sum())} such value(s), dtype {values.dtype}); a loss mask says which tokens count",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+
+
+def _tokens_per_sample(mask: Any, key: str, position: int) -> torch.Tensor:
+    """Loss tokens of each row of a dense ``[b, T, ...]`` or jagged nested ``[b, j, ...]`` mask."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
+        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise MicroBatchPlanError(
+            f"{key} of micro-batch {position} must be a [b, T] tensor (dense or jagged nested), got {shape}",
+            MicroBatchPlanError.BAD_BATCH,
+        )
+    if mask.is_nested:
+        rows = mask.unbind()
+        for row in rows:
+            _check_zero_one(row, key, position)
+        return torch.stack([row.sum(dtype=torch.int64) for row in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+    _check_zero_one(mask, key, position)
+    return mask.reshape(mask.shape[0], -1).sum(-1, dtype=torch.int64)
+
+
+def _local_counts(
+    micro_batches: Sequence[Any], batch_idx_list: Sequence[Sequence[int]], key: str, mode: Any, grad_reduction: Any
+) -> tuple[list[Optional[torch.Tensor]], list[int]]:
+    """Per micro-batch, each sample's loss tokens (None for a dummy) and its row count."""
+    if mode not in LOSS_MODES:
+        raise MicroBatchPlanError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}", MicroBatchPlanError.BAD_ARGUMENT)
+    if grad_reduction not in GRAD_REDUCTIONS:
+        raise MicroBatchPlanError(
+            f"grad_reduction must be 'mean' (DDP/FSDP average gradients over dp_group) or 'sum', got {grad_reduction!r}",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        )
+    if len(micro_batches) != len(batch_idx_list):
+        raise MicroBatchPlanError(
+            f"got {len(micro_batches)} micro-batches but {len(batch_idx_list)} index lists; pass both as "
+            f"rearrange_micro_batches returned them",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        )
+    tokens: list[Optional[torch.Tensor]] = []
+    rows: list[int] = []
+    for position, (micro_batch, part) in enumerate(zip(micro_batches, batch_idx_list)):
+        counts = _tokens_per_sample(_entry(micro_batch, key), key, position)
+        if part and len(part) != len(counts):
+            raise MicroBatchPlanError(
+                f"micro-batch {position} has {len(counts)} rows in {key} but its index list holds {len(part)} samples",
+                MicroBatchPlanError.BAD_BATCH,
+            )
+        tokens.append(counts if part else None)
+        rows.append(len(counts))
+    return tokens, rows
+
+
+def loss_weights(
+    micro_batches: Sequence[Any],
+    batch_idx_list: Sequence[Sequence[int]],
+    *,
+    loss_mask_key: str = "response_mask",
+    mode: str = "token-mean",
+    dp_group: Any = None,
+    grad_reduction: str = "mean",
+) -> list[torch.Tensor]:
+    """A weight per sample of every micro-batch, so that accumulated gradients are exact.
+
+    The contract: for every micro-batch ``i``, back-propagate
+    ``(token_loss_i * micro_batches[i][loss_mask_key] * w[i][:, None]).sum()``, then let the
+    engine reduce gradients over ``dp_group`` (``grad_reduction``). The accumulated gradient is
+    then the gradient of the global loss ``L`` of the step, over every sample ``s`` of every
+    rank, with ``m`` the loss mask, ``n_s = sum_t m_st`` the loss tokens of ``s``,
+    ``N = sum_s n_s``, ``S`` the number of sequences (dummies excluded) and ``W`` the size of
+    ``dp_group``:
+
+    - ``"token-mean"``: ``L = sum_s sum_t m_st l_st / N``, so ``w_s = f / N``;
+    - ``"seq-mean-token-mean"``: ``L = (1/S) sum_s (sum_t m_st l_st) / n_s``, so
+      ``w_s = f / (S n_s)``; a sequence with no loss token contributes 0 but still counts
+      in ``S`` (as in verl, whose ``global_batch_size`` is the mini-batch size), and gets 0;
+    - ``"seq-mean-token-sum"``: ``L = (1/S) sum_s sum_t m_st l_st``, so ``w_s = f / S``;
+
+    where ``f = W`` for ``grad_reduction="mean"`` (DDP and FSDP average gradients: the factor
+    undoes it) and ``f = 1`` for ``"sum"``. Without a ``dp_group`` (or without an initialised
+    process group) the counts are this rank's and ``W = 1``. ``N = 0`` gives zero weights (no
+    token to learn from). Dummy micro-batches (empty index list) get zero weights.
+
+    Args:
+        micro_batches: the micro-batches (TensorDicts, mappings or DataProtos), as returned by
+            :func:`seqbal.rearrange_micro_batches` (dummies included).
+        batch_idx_list: their index lists (``[]`` for a dummy).
+        loss_mask_key: the key of the loss mask: dense ``[b, T]`` or jagged nested ``[b, j]``,
+            bool or 0/1. Default ``"response_mask"`` (verl's).
+        mode: ``"token-mean"``, ``"seq-mean-token-mean"`` or ``"seq-mean-token-sum"`` (verl's
+            ``loss_agg_mode`` names). Default ``"token-mean"``.
+        dp_group: the data-parallel process group whose samples make the step; None for one
+            rank. Must be the group the gradients are reduced over.
+        grad_reduction: ``"mean"`` (DDP/FSDP) or ``"sum"``. Default ``"mean"``.
+
+    Returns:
+        One 1-D float32 tensor per micro-batch, on its mask's device, a weight per row.
+        O(total tokens) for the counts; one all-reduce of ``2 + 5 + W`` int64s with a group.
+
+    Raises:
+        ValueError: (:class:`~seqbal.MicroBatchPlanError`) a bad ``mode`` or
+            ``grad_reduction``, a missing key, a mask that is not ``[b, T]`` or not 0/1, a
+            row count that differs from the index list, or as many micro-batches as index
+            lists not given; ranks that pass different ``mode`` or ``grad_reduction``. With
+            a group every rank raises together (a rank whose own input was fine names the
+            failing rank).
+
+    Examples:
+        >>> from tensordict import TensorDict
+        >>> mbs = [TensorDict({"response_mask": torch.tensor([[1, 1, 1, 0]])}, [1]),
+        ...        TensorDict({"response_mask": torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]])}, [2])]
+        >>> [w.tolist() for w in loss_weights(mbs, [[1], [0, 2]])]  # 4 loss tokens
+        [[0.25], [0.25, 0.25]]
+        >>> [w.tolist() for w in loss_weights(mbs, [[1], [0, 2]], mode="seq-mean-token-mean")]
+        [[0.1111111119389534], [0.3333333432674408, 0.0]]
+    """
+    _check_dp_group(dp_group)
+    from . import collectives
+
+    sync = dp_group is not None and collectives.is_sync_mode(dp_group, True)
+    problem: Optional[Exception] = None
+    tokens: list[Optional[torch.Tensor]] = []
+    rows: list[int] = []
+    try:
+        tokens, rows = _local_counts(micro_batches, batch_idx_list, loss_mask_key, mode, grad_reduction)
+    except MicroBatchPlanError as error:
+        problem = error
+    except Exception as error:  # noqa: BLE001 - in sync mode even a surprise must reach the peers
+        if not sync:
+            raise
+        problem = MicroBatchPlanError(f"the micro-batches could not be read: {type(error).__name__}: {error}",
+                                      MicroBatchPlanError.BAD_BATCH)
+        problem.__cause__ = error
+    local_tokens = sum(int(t.sum()) for t in tokens if t is not None) if problem is None else 0
+    local_sequences = sum(len(t) for t in tokens if t is not None) if problem is None else 0
+    if not sync:
+        if problem is not None:
+            raise problem
+        world, global_tokens, global_sequences = 1, local_tokens, local_sequences
+    else:
+        # one-hot choices: their sums show whether every rank passed the same mode and reduction
+        choices = [int(problem is None and mode == name) for name in LOSS_MODES]
+        choices += [int(problem is None and grad_reduction == name) for name in GRAD_REDUCTIONS]
+        agreed = collectives.sum_with_error(
+            [local_tokens, local_sequences, *choices], problem.code if problem is not None else 0, dp_group
+        )
+        world = agreed.world_size
+        if agreed.error_code:
+            if problem is not None:
+                raise problem
+            reason = _REASONS.get(agreed.error_code, f"error code {agreed.error_code}")
+            raise MicroBatchPlanError(
+                f"loss_weights: {_rank_name(dp_group, agreed.error_rank)} failed: {reason}; this rank's own "
+                f"micro-batches were valid, see rank {agreed.error_rank}'s error",
+                agreed.error_code,
+            )
+        mode_counts, reduction_counts = agreed.sums[2:5], agreed.sums[5:7]
+        if max(mode_counts) != world or max(reduction_counts) != world:
+            raise MicroBatchPlanError(
+                f"the ranks of dp_group passed different arguments to loss_weights: ranks per mode "
+                f"{dict(zip(LOSS_MODES, mode_counts))}, per grad_reduction {dict(zip(GRAD_REDUCTIONS, reduction_counts))}; "
+                f"pass the same mode and grad_reduction on every rank",
+                MicroBatchPlanError.MISMATCHED_ARGUMENTS,
+            )
+        global_tokens, global_sequences = agreed.sums[0], agreed.sums[1]
+    factor = float(world if grad_reduction == "mean" else 1)
+    weights = []
+    for counts, n_rows, micro_batch in zip(tokens, rows, micro_batches):
+        device = _entry(micro_batch, loss_mask_key).device
+        if counts is None:  # a dummy micro-batch
+            weights.append(torch.zeros(n_rows, dtype=torch.float32, device=device))
+            continue
+        counts = counts.to(torch.float64)
+        if mode == "token-mean":
+            scale = factor / global_tokens if global_tokens else 0.0
+            weight = torch.full_like(counts, scale)
+        elif mode == "seq-mean-token-mean":
+            weight = torch.where(counts > 0, factor / (global_sequences * counts.clamp(min=1)), torch.zeros_like(counts))
+        else:  # seq-mean-token-sum
+            weight = torch.full_like(counts, factor / global_sequences)
+        weights.append(weight.to(device=device, dtype=torch.float32))
+    return weights

@@ -1,0 +1,122 @@
+"""Rank side of tests/test_loss.py: gradient accumulation with loss_weights on 2 gloo ranks.
+
+Every rank builds its own batch (deterministic from its rank, so the parent rebuilds every
+batch for the full-batch reference), micro-batches it with ``dummy_micro_batches=True``,
+back-propagates ``(token_loss * mask * w[:, None]).sum()`` per micro-batch and reduces the
+gradients over the group as DDP does (mean) or by sum. Nothing here asserts: a wrong rank must
+still join the next collective; the parent asserts on the JSON records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+import seqbal
+
+FEATURES = 3
+WIDTH = 9
+CAP = 12
+#: rank 0 holds many samples, rank 1 few: at CAP rank 1 is short and gets dummies
+SAMPLES = (10, 2)
+MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def rank_batch(rank: int, nested: bool = False) -> TensorDict:
+    """Right-padded samples with per-token features; sample 0 of rank 0 has no loss token."""
+    generator = torch.Generator().manual_seed(50 + rank)
+    n = SAMPLES[rank]
+    lengths = torch.randint(1, WIDTH + 1, (n,), generator=generator)
+    mask = (torch.arange(WIDTH)[None] < lengths[:, None]).long()
+    loss_mask = mask * (torch.rand(n, WIDTH, generator=generator) < 0.7).long()
+    if rank == 0:
+        loss_mask[0] = 0
+    features = torch.randn(n, WIDTH, FEATURES, generator=generator, dtype=torch.float64)
+    entries = {"attention_mask": mask, "loss_mask": loss_mask, "features": features}
+    if nested:
+        entries["loss_mask"] = torch.nested.as_nested_tensor(
+            [row[:length] for row, length in zip(loss_mask, lengths.tolist())], layout=torch.jagged
+        )
+    return TensorDict(entries, batch_size=[n])
+
+
+def parameters() -> torch.Tensor:
+    return torch.linspace(-1.0, 1.0, FEATURES, dtype=torch.float64)
+
+
+def token_loss(theta: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """A non-linear per-token loss of the parameters, ``[b, T]``."""
+    return torch.log1p(torch.exp(features @ theta)) + 0.1 * (features @ theta) ** 2
+
+
+def dense_mask(micro_batch: TensorDict) -> torch.Tensor:
+    mask = micro_batch["loss_mask"]
+    if mask.is_nested:
+        return torch.stack([torch.nn.functional.pad(row, (0, WIDTH - len(row))) for row in mask.unbind()])
+    return mask
+
+
+def accumulate(rank: int, mode: str, reduction: str, nested: bool, group) -> dict:
+    batch = rank_batch(rank, nested)
+    micro_batches, indices = seqbal.rearrange_micro_batches(batch, CAP, dp_group=group, dummy_micro_batches=True)
+    weights = seqbal.loss_weights(
+        micro_batches, indices, loss_mask_key="loss_mask", mode=mode, dp_group=group, grad_reduction=reduction
+    )
+    theta = parameters().requires_grad_(True)
+    for micro_batch, weight in zip(micro_batches, weights):
+        loss = (token_loss(theta, micro_batch["features"]) * dense_mask(micro_batch) * weight[:, None]).sum()
+        loss.backward()
+    gradient = theta.grad.clone()
+    dist.all_reduce(gradient, group=group)  # SUM, then the engine's averaging for "mean"
+    if reduction == "mean":
+        gradient /= dist.get_world_size(group)
+    return {"gradient": gradient.tolist(), "indices": indices, "weights": [w.tolist() for w in weights]}
+
+
+def error_scenario(rank: int, kind: str, group) -> dict:
+    batch = rank_batch(rank)
+    micro_batches, indices = seqbal.rearrange_micro_batches(batch, CAP, dp_group=group, dummy_micro_batches=True)
+    key, mode = "loss_mask", "token-mean"
+    if kind == "missing_key" and rank == 1:
+        key = "no_such_mask"
+    if kind == "mismatched_mode" and rank == 1:
+        mode = "seq-mean-token-sum"
+    if kind == "half_mask" and rank == 1:
+        micro_batches[0]["loss_mask"] = micro_batches[0]["loss_mask"] * 0.5
+    try:
+        seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group)
+        return {"error": None}
+    except ValueError as error:
+        return {"error": str(error), "code": getattr(error, "code", None)}
+
+
+def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    records = {}
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+        )
+        group = dist.group.WORLD
+        for mode in MODES:
+            for reduction in ("mean", "sum"):
+                records[f"{mode}/{reduction}"] = accumulate(rank, mode, reduction, False, group)
+            records[f"{mode}/nested"] = accumulate(rank, mode, "mean", True, group)
+        for kind in ("missing_key", "mismatched_mode", "half_mask"):
+            records[f"error/{kind}"] = error_scenario(rank, kind, group)
+        lengths = rank_batch(rank)["attention_mask"].sum(-1).tolist()
+        try:  # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
+            seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1)
+            records["error/mismatched_dummies"] = {"error": None}
+        except ValueError as error:
+            records["error/mismatched_dummies"] = {"error": str(error), "code": getattr(error, "code", None)}
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
+        records["__crash__"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(records, handle)

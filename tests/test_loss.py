@@ -1,0 +1,209 @@
+"""loss_weights: accumulated micro-batch gradients equal the full-batch gradient of the global loss.
+
+The reference is written here from the definitions of the three modes, on all ranks' samples at
+once, without micro-batches and without loss_weights. The distributed half runs 2 gloo ranks
+(one of them short, so it gets dummy micro-batches) under a hard deadline.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+from seqbal import MicroBatchPlanError, loss_weights, rearrange_micro_batches
+
+from . import loss_workers as workers
+from .invariants import assert_plan_invariants
+
+#: The losses are float64; the weights are float32 (relative error <= 2**-24 each), so the
+#: accumulated gradient may differ from the full-batch one by about 1e-7 of its size.
+RTOL = 1e-6
+
+
+def close(gradient: torch.Tensor, reference: torch.Tensor) -> float:
+    """Max abs difference, asserted within RTOL of the reference's largest entry."""
+    error = float((gradient - reference).abs().max())
+    assert error <= RTOL * float(reference.abs().max()), (error, reference)
+    return error
+
+
+def reference_gradient(batch: TensorDict, mode: str) -> torch.Tensor:
+    """Gradient of the global loss of ``mode`` over every sample of ``batch`` (one pass)."""
+    theta = workers.parameters().requires_grad_(True)
+    losses = workers.token_loss(theta, batch["features"])
+    mask = batch["loss_mask"].to(losses.dtype)
+    per_sequence = (losses * mask).sum(-1)
+    tokens = mask.sum(-1)
+    if mode == "token-mean":
+        loss = per_sequence.sum() / tokens.sum()
+    elif mode == "seq-mean-token-mean":  # a sequence without loss tokens adds 0 and still counts
+        loss = torch.where(tokens > 0, per_sequence / tokens.clamp(min=1), torch.zeros_like(tokens)).sum() / len(tokens)
+    else:
+        loss = per_sequence.sum() / len(tokens)
+    loss.backward()
+    return theta.grad
+
+
+@pytest.mark.parametrize("mode", workers.MODES)
+def test_one_rank_accumulation_equals_the_full_batch_gradient(mode):
+    batch = workers.rank_batch(0)
+    micro_batches, indices = rearrange_micro_batches(batch, workers.CAP)
+    assert len(micro_batches) >= 3
+    weights = loss_weights(micro_batches, indices, loss_mask_key="loss_mask", mode=mode)
+    theta = workers.parameters().requires_grad_(True)
+    for micro_batch, weight in zip(micro_batches, weights):
+        (workers.token_loss(theta, micro_batch["features"]) * micro_batch["loss_mask"] * weight[:, None]).sum().backward()
+    close(theta.grad, reference_gradient(batch, mode))
+
+
+def test_the_common_mistake_would_be_caught():
+    """A per-micro-batch token mean averaged over micro-batches differs from the reference: the
+    comparison above can fail."""
+    batch = workers.rank_batch(0)
+    micro_batches, _ = rearrange_micro_batches(batch, workers.CAP)
+    theta = workers.parameters().requires_grad_(True)
+    for micro_batch in micro_batches:
+        mask = micro_batch["loss_mask"]
+        loss = (workers.token_loss(theta, micro_batch["features"]) * mask).sum() / mask.sum().clamp(min=1)
+        (loss / len(micro_batches)).backward()
+    assert float((theta.grad - reference_gradient(batch, "token-mean")).abs().max()) > 1e-3
+
+
+def test_weights_follow_the_formulas_and_an_empty_sequence_counts():
+    masks = [torch.tensor([[1, 1, 0], [0, 0, 0]]), torch.tensor([[1, 1, 1]])]
+    micro_batches = [TensorDict({"response_mask": m}, [len(m)]) for m in masks]
+    indices = [[0, 2], [1]]
+    token = loss_weights(micro_batches, indices)
+    assert torch.equal(torch.cat(token), torch.full((3,), 0.2))
+    sequence = loss_weights(micro_batches, indices, mode="seq-mean-token-mean")
+    assert torch.allclose(sequence[0], torch.tensor([1 / 6, 0.0])) and torch.allclose(sequence[1], torch.tensor([1 / 9]))
+    summed = loss_weights(micro_batches, indices, mode="seq-mean-token-sum", grad_reduction="sum")
+    assert torch.allclose(torch.cat(summed), torch.full((3,), 1 / 3))
+    assert all(w.dtype == torch.float32 and w.dim() == 1 for w in token + sequence + summed)
+
+
+def test_no_loss_token_at_all_gives_zero_weights():
+    micro_batches = [TensorDict({"response_mask": torch.zeros(2, 4, dtype=torch.bool)}, [2])]
+    assert loss_weights(micro_batches, [[0, 1]])[0].tolist() == [0.0, 0.0]
+
+
+def test_nested_mask_and_dataproto_shaped_micro_batches():
+    class Proto:  # what verl's DataProto looks like to loss_weights
+        def __init__(self, batch):
+            self.batch, self.non_tensor_batch, self.meta_info = batch, {}, {}
+
+    rows = [torch.tensor([1, 1, 0, 1]), torch.tensor([1])]
+    nested = TensorDict({"response_mask": torch.nested.as_nested_tensor(rows, layout=torch.jagged)}, [2])
+    assert loss_weights([nested], [[0, 1]])[0].tolist() == [0.25, 0.25]
+    assert loss_weights([Proto(nested)], [[0, 1]], mode="seq-mean-token-mean")[0].tolist() == pytest.approx([1 / 6, 1 / 2])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(mode="token-sum"), r"mode must be one of \['token-mean'"),
+        (dict(grad_reduction="avg"), "grad_reduction must be 'mean'"),
+        (dict(loss_mask_key="loss_mask"), "loss_mask_key='loss_mask' is not in the micro-batch"),
+    ],
+)
+def test_argument_errors(kwargs, match):
+    micro_batches = [TensorDict({"response_mask": torch.ones(1, 2)}, [1])]
+    with pytest.raises(MicroBatchPlanError, match=match):
+        loss_weights(micro_batches, [[0]], **kwargs)
+
+
+def test_mask_errors():
+    with pytest.raises(ValueError, match=r"must be bool or hold only 0 and 1, got 0.5"):
+        loss_weights([TensorDict({"response_mask": torch.tensor([[1.0, 0.5]])}, [1])], [[0]])
+    with pytest.raises(ValueError, match=r"must be a \[b, T\] tensor"):
+        loss_weights([TensorDict({"response_mask": torch.ones(3)}, [3])], [[0, 1, 2]])
+    with pytest.raises(ValueError, match="has 2 rows in response_mask but its index list holds 1"):
+        loss_weights([TensorDict({"response_mask": torch.ones(2, 2)}, [2])], [[0]])
+    with pytest.raises(ValueError, match="got 1 micro-batches but 2 index lists"):
+        loss_weights([TensorDict({"response_mask": torch.ones(1, 2)}, [1])], [[0], [1]])
+
+
+def test_one_all_reduce_in_sync_mode(monkeypatch):
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        calls = []
+        original = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: calls.append(1) or original(*a, **k))
+        weights = loss_weights([TensorDict({"response_mask": torch.ones(2, 2)}, [2])], [[0, 1]], dp_group=dist.group.WORLD)
+        assert len(calls) == 1 and weights[0].tolist() == [0.25, 0.25]
+        with pytest.raises(ValueError, match="mode must be one of"):
+            loss_weights([TensorDict({"response_mask": torch.ones(2, 2)}, [2])], [[0, 1]], dp_group=dist.group.WORLD,
+                         mode="bad")
+        assert len(calls) == 2  # the error travelled through the all-reduce before being raised
+    finally:
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------
+# Two gloo ranks, one of them short (dummy micro-batches)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    from .test_distributed import spawn_ranks
+
+    out = tmp_path_factory.mktemp("loss")
+    exit_codes = spawn_ranks([(workers.worker_main, 2, (2, str(out / "init"), str(out)))], deadline_s=240)
+    records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for record in records:
+        assert "__crash__" not in record, record["__crash__"]
+    assert exit_codes == [[0, 0]]
+    return records
+
+
+def all_samples() -> TensorDict:
+    return torch.cat([workers.rank_batch(rank) for rank in range(2)])
+
+
+@pytest.mark.parametrize("mode", workers.MODES)
+@pytest.mark.parametrize("variant", ["mean", "sum", "nested"])
+def test_two_ranks_with_dummies_equal_the_full_batch_gradient(two_ranks, mode, variant):
+    records = [r[f"{mode}/{variant}"] for r in two_ranks]
+    assert len(records[0]["indices"]) == len(records[1]["indices"])
+    assert any(part == [] for part in records[1]["indices"]), "rank 1 must be short and get dummies"
+    assert not any(part == [] for part in records[0]["indices"])
+    for part, weight in zip(records[1]["indices"], records[1]["weights"]):
+        if not part:
+            assert weight == [0.0]
+    for rank, record in enumerate(records):
+        lengths = workers.rank_batch(rank)["attention_mask"].sum(-1).tolist()
+        assert_plan_invariants(lengths, record["indices"], workers.CAP, dummy_micro_batches=True)
+    reference = reference_gradient(all_samples(), mode)
+    for record in records:  # both ranks hold the same reduced gradient
+        close(torch.tensor(record["gradient"], dtype=torch.float64), reference)
+
+
+def test_two_ranks_agree_on_a_missing_key(two_ranks):
+    errors = [r["error/missing_key"]["error"] for r in two_ranks]
+    assert "loss_mask_key='no_such_mask' is not in the micro-batch" in errors[1]
+    assert "rank 1 of the data-parallel group failed" in errors[0]
+
+
+def test_two_ranks_agree_on_a_mask_that_is_not_zero_one(two_ranks):
+    errors = [r["error/half_mask"]["error"] for r in two_ranks]
+    assert "must be bool or hold only 0 and 1, got 0.5" in errors[1]
+    assert "rank 1 of the data-parallel group failed" in errors[0]
+
+
+def test_two_ranks_that_pass_different_modes_both_raise(two_ranks):
+    errors = [r["error/mismatched_mode"] for r in two_ranks]
+    assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
+    assert "passed different arguments to loss_weights" in errors[0]["error"]
+
+
+def test_two_ranks_that_disagree_on_dummies_both_raise(two_ranks):
+    errors = [r["error/mismatched_dummies"] for r in two_ranks]
+    assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
+    assert "dummy_micro_batches from 0 to 1" in errors[0]["error"]
