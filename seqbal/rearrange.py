@@ -422,7 +422,8 @@ def restore_dynamic_batch(
     ``[B, width, ...]``.
 
     Raises:
-        ValueError: the number of rows of ``data`` differs from the number of indices; a list
+        ValueError: ``data`` is not a tensor, a TensorDict or a list of tensors (``None``, for
+            one); the number of rows of ``data`` differs from the number of indices; a list
             without ``windows`` and ``width``, or an output whose width is not its window's.
 
     Examples:
@@ -432,10 +433,19 @@ def restore_dynamic_batch(
         ...                       windows=[(0, 1), (0, 2)], width=3).tolist()
         [[5, 6, 0], [7, 0, 0]]
     """
+    try:
+        indices = [int(i) for i in chain.from_iterable(batch_idx_list)]
+    except (TypeError, ValueError):
+        raise ValueError(f"batch_idx_list must be a list of index lists, got {batch_idx_list!r:.80}") from None
     if isinstance(data, (list, tuple)):
         data = _place_in_windows(data, batch_idx_list, windows, width)
-    indices = list(chain.from_iterable(batch_idx_list))
+    elif not isinstance(data, (torch.Tensor, TensorDictBase)):
+        raise ValueError(
+            f"data must be a tensor, a TensorDict or a list of per-micro-batch tensors, got {_describe(data)}"
+        )
     is_tensor = isinstance(data, torch.Tensor)
+    if (data.dim() if is_tensor else data.batch_dims) == 0:
+        raise ValueError(f"data must have a row per sample along dim 0, got {_describe(data)} without dimensions")
     rows = data.shape[0] if is_tensor else data.batch_size[0]
     if len(indices) != rows:
         raise ValueError(f"data has {rows} rows but batch_idx_list holds {len(indices)} indices")
@@ -466,6 +476,8 @@ def _place_in_windows(
         )
     placed = []
     for position, (output, (start, stop)) in enumerate(zip(outputs, windows)):
+        if not isinstance(output, torch.Tensor) or output.is_nested:
+            raise ValueError(f"output {position} must be a dense tensor, got {_describe(output)}")
         if output.dim() < 2 or output.shape[1] != stop - start or stop > width:
             raise ValueError(
                 f"output {position} has shape {tuple(output.shape)}, but its window ({start}, {stop}) needs "
