@@ -23,9 +23,15 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _windows
+from . import _small_exact, _windows
 from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
-from .partition import capped_balanced_partitions, check_int64_sums, roundup_divisible, smallest_feasible_partitions
+from .partition import (
+    capped_balanced_partitions,
+    check_int64_sums,
+    packing_lower_bound,
+    roundup_divisible,
+    smallest_feasible_partitions,
+)
 from .workload import calculate_workload
 
 __all__ = [
@@ -409,6 +415,8 @@ def _local_plan(
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
+        if step > 1 and parts is not None:
+            count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
     if parts is None:
         model = "" if cost_model.is_default else f" under the {cost_model}"
         raise MicroBatchPlanError(
@@ -422,6 +430,33 @@ def _local_plan(
     return _LocalPlan(
         group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows
     )
+
+
+def _one_multiple_lower(
+    tokens: np.ndarray,
+    workloads: np.ndarray,
+    capacity: int,
+    count: int,
+    parts: list[list[int]],
+    min_count: int,
+    step: int,
+) -> tuple[int, list[list[int]]]:
+    """``(count, parts)``, or one multiple of ``step`` lower where a few groups fit in it.
+
+    Rounding to a multiple of ``num_batches_divided_by`` turns a count the search's tries miss
+    into a whole multiple more. On a few groups (``seqbal._small_exact.MAX_ITEMS``), when the
+    multiple below is not below the packing bound, a budgeted exact search looks for it, and the
+    partition it finds is balanced by :func:`capped_balanced_partitions`. Costs nothing with
+    ``step == 1``, on larger batches, or at the bound.
+    """
+    lower = count - step
+    if len(tokens) > _small_exact.MAX_ITEMS or lower < max(min_count, packing_lower_bound(tokens, capacity)):
+        return count, parts
+    found = _small_exact.exact_fit(tokens, capacity, lower)
+    if found is None:
+        return count, parts
+    balanced = capped_balanced_partitions(tokens, workloads, capacity, lower, feasible=found)
+    return lower, balanced if balanced is not None else found
 
 
 def _rank_name(group: Any, rank_in_group: int) -> str:

@@ -466,3 +466,30 @@ def test_malformed_dataproto_is_a_plan_error_of_the_agreed_path(data, pattern, m
         prepare_dynamic_batch(data, 100)
     assert info.value.code == MicroBatchPlanError.BAD_BATCH
     assert calls, "the error did not go through the plan's agreement"
+
+
+def test_count_rounded_to_the_divisor_is_not_a_whole_multiple_above_the_optimum():
+    """Issue 17.10: 4 parts of 118 exist ([44, 44] and three triples); the count search's tries
+    miss them, and rounding its 5 to the divisor gave 6."""
+    lengths = [39, 42, 39, 42, 36, 39, 44, 40, 41, 44, 35]
+    parts = plan_micro_batches(lengths, 118, num_batches_divided_by=2)
+    assert len(parts) == 4
+    assert_plan_invariants(lengths, parts, 118, num_batches_divided_by=2)
+    assert len(plan_micro_batches([33, 18, 23, 24, 49, 30, 12, 11, 26], 59, num_batches_divided_by=2)) == 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12), cap=st.integers(60, 130), divisor=st.integers(2, 3))
+def test_divided_counts_stay_within_the_cap_and_reach_the_exact_optimum_on_few_items(lengths, cap, divisor):
+    from tests.exact_packing import optimal_bin_count
+
+    optimum = -(-optimal_bin_count(lengths, cap) // divisor) * divisor if len(lengths) <= 9 else None
+    try:
+        parts = plan_micro_batches(lengths, cap, num_batches_divided_by=divisor)
+    except MicroBatchPlanError as error:
+        assert "Cannot satisfy" in str(error) and (optimum is None or optimum > len(lengths))
+        return
+    assert_plan_invariants(lengths, parts, cap, num_batches_divided_by=divisor)
+    if optimum is not None:
+        assert len(parts) <= optimum + divisor  # never a whole multiple above what exists ...
+        assert len(parts) == optimum  # ... and, on these few items, exactly the optimum
