@@ -509,7 +509,7 @@ def _pipeline_order(parts: list[list[int]], totals: Sequence[int]) -> list[list[
 
 
 @dataclass(frozen=True)
-class WindowedLengths:
+class _WindowedLengths:
     """Effective lengths of a batch whose micro-batches will be trimmed to their padding window
     (``rearrange_micro_batches(..., trim_padding=True)``), with each sample's first column and
     last column + 1 (``(width, 0)`` for a sample without tokens): under the padded cost a
@@ -553,7 +553,7 @@ def _local_stage(
         )
         measured = get_lengths()
         windows = None
-        if isinstance(measured, WindowedLengths):
+        if isinstance(measured, _WindowedLengths):
             measured, windows = measured.lengths, (measured.starts, measured.stops)
         lengths = _lengths_array(measured)
         plan = _local_plan(

@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from .cost import CostModel, as_cost_model
-from .plan import MicroBatchPlanError, WindowedLengths, _as_flag, _plan
+from .plan import MicroBatchPlanError, _WindowedLengths, _as_flag, _plan
 from .tensordict_compat import select_nested_rows, select_rows
 
 __all__ = [
@@ -185,7 +185,7 @@ def _batch_lengths(batch: TensorDict, trim_padding: Any = False, cost_model: Any
     if not as_cost_model(cost_model).padded:  # validated by the plan before this runs
         return lengths
     starts, stops = _row_windows(mask)
-    return WindowedLengths(lengths, starts, stops)
+    return _WindowedLengths(lengths, starts, stops)
 
 
 def _has_mask_to_trim(batch: TensorDictBase) -> bool:

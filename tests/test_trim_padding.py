@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -262,3 +263,29 @@ def test_micro_batches_and_restore_keep_the_batch_dim_names() -> None:
     micro_batches, indices = rearrange_micro_batches(batch, 3)
     assert [mb.names for mb in micro_batches] == [["batch"]] * len(micro_batches)
     assert restore_dynamic_batch(torch.cat(micro_batches), indices).names == ["batch"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    windows=st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=12),
+    cap_extra=st.integers(0, 30),
+    round_to=st.sampled_from([1, 4]),
+)
+def test_windowed_plan_fits_at_every_count_up_to_the_samples(windows, cap_extra, round_to) -> None:
+    """What the agreement relies on: a rank's windowed plan splits into a cap-respecting one at
+    any larger count (a peer may need more micro-batches), up to its number of samples."""
+    from seqbal._windows import window_cost
+    from seqbal.plan import _local_plan
+
+    starts = np.array([min(a, b) for a, b in windows], dtype=np.int64)
+    stops = np.array([max(a, b) + 1 for a, b in windows], dtype=np.int64)
+    lengths = stops - starts  # whole windows of tokens: only their union matters here
+    model = CostModel(padded=True, round_to=round_to)
+    cap = int(-(-lengths.max() // round_to) * round_to) + cap_extra
+    plan = _local_plan(lengths, cap, None, None, 1, model, (starts, stops))
+    for count in range(plan.count, len(lengths) + 1):
+        parts = plan.partition_at(count)
+        assert parts is not None and len(parts) == count, count
+        assert sorted(i for part in parts for i in part) == list(range(len(lengths)))
+        assert all(part and window_cost(part, starts, stops, 1, round_to) <= cap for part in parts)
+        assert all(map(plan.fits, parts))
