@@ -6,6 +6,7 @@ decides; every function here is read-only and O(n).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -76,10 +77,16 @@ def micro_batch_summary(
     ``fill`` (total tokens / (count * cap)), ``workload_imbalance`` (max / mean workload, 1.0 is
     perfect) and ``lower_bound`` (``ceildiv(total, cap)``).
 
+    Raises:
+        ValueError: ``max_token_len`` is not a positive int.
+
     Examples:
         >>> micro_batch_summary([4, 4, 8], [[0, 1], [2]], 8)["fill"]
         1.0
     """
+    if isinstance(max_token_len, bool) or not isinstance(max_token_len, numbers.Integral) or max_token_len < 1:
+        raise ValueError(f"max_token_len must be a positive int, got {max_token_len!r}")
+    max_token_len = int(max_token_len)
     lengths_array = np.asarray(lengths, dtype=np.int64)
     workloads = np.asarray((workload_fn or calculate_workload)(lengths_array), dtype=np.float64)
     tokens = [int(lengths_array[list(p)].sum()) for p in micro_batches]

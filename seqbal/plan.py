@@ -28,10 +28,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from . import _small_exact, _windows
 from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
-from .partition import capped_balanced_partitions, roundup_divisible, smallest_feasible_partitions
+from .partition import capped_balanced_partitions, packing_lower_bound, roundup_divisible, smallest_feasible_partitions
 from .partition.parts import _part_sums
-from .validation import LengthsError, balance_workloads, check_int64_sums, int_argument, int_array
+from .validation import INT64_MAX, LengthsError, balance_workloads, check_int64_sums, int_argument, int_array
 
 __all__ = [
     "MicroBatchPlanError",
@@ -165,6 +166,12 @@ def _validate_arguments(
         raise bad(str(error)) from None
     if not isinstance(dummy_micro_batches, (bool, np.bool_)):
         raise bad(f"dummy_micro_batches must be True or False, got {dummy_micro_batches!r}")
+    for field_name in ("round_to", "pack_round_to"):  # they travel in the packed int64 all-reduce too
+        if getattr(cost, field_name) > INT64_MAX:
+            raise bad(
+                f"cost_model.{field_name}={getattr(cost, field_name)} is too large: seqbal counts tokens in int64, "
+                f"at most 2**63 - 1"
+            )
     return _Arguments(
         max_token_len=checked("max_token_len", max_token_len, "a positive int"),
         force_group_size=checked("force_group_size", force_group_size, "an int >= 1"),
@@ -181,6 +188,21 @@ _LENGTHS_CODES = {
     "empty": MicroBatchPlanError.EMPTY_BATCH,
     "negative": MicroBatchPlanError.NEGATIVE_LENGTH,
 }
+
+
+def _as_flag(name: str, value: Any) -> bool:
+    """A bool argument as a bool, or a :class:`MicroBatchPlanError` naming it: ``bool()`` of a
+    tensor or array of several values raises RuntimeError or ValueError deep in a call (in sync
+    mode after the agreement, on one rank alone)."""
+    try:
+        return bool(value)
+    except Exception:  # noqa: BLE001 - whatever bool() raises, the caller passed no flag
+        shape = getattr(value, "shape", None)
+        what = f"a {type(value).__name__} of shape {tuple(shape)}" if shape is not None else f"{value!r:.60}"
+        raise MicroBatchPlanError(
+            f"{name} must be True or False, got {what} (a tensor or array of one element at most)",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        ) from None
 
 
 def _lengths_array(seq_lens: LengthsLike) -> np.ndarray:
@@ -217,6 +239,9 @@ class _LocalPlan:
     cost_model: CostModel
     count: int  # smallest count (>= min, multiple of step) at which this rank meets the cap
     parts: list[list[int]]  # a cap-respecting partition of the groups into ``count`` parts
+    # Padded cost of micro-batches trimmed to their window (trim_padding): each group's first
+    # and last-plus-one columns (seqbal._windows); ``group_longest`` then holds their widths.
+    windows: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     @property
     def num_groups(self) -> int:
@@ -226,6 +251,8 @@ class _LocalPlan:
         """Cap-respecting partition of the groups into ``count`` parts; None if none was found."""
         if count == self.count:
             return self.parts
+        if self.windows is not None:
+            return self._windowed_partition(count, self.parts)
         if self.cost_model.padded:
             return padded_partitions(self.group_longest, self.group_size, self.capacity, count)
         return capped_balanced_partitions(
@@ -236,9 +263,27 @@ class _LocalPlan:
         """Whether a non-empty part of groups costs at most the cap under the cost model."""
         if not len(part):
             return False
+        if self.windows is not None:
+            starts, stops = self.windows
+            return _windows.window_cost(part, starts, stops, self.group_size, self.cost_model.round_to) <= self.capacity
         if self.cost_model.padded:
             return len(part) * self.group_size * int(self.group_longest[part].max()) <= self.capacity
         return int(self.group_tokens[part].sum()) <= self.capacity
+
+    def _windowed_partition(self, count: int, known: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
+        """``count`` parts whose trimmed windows fit: the padded partition on the groups' own
+        widths, over-cap parts cut (``seqbal._windows``); where that gives more than ``count``
+        parts, ``known`` (a feasible partition with fewer) split up to ``count``."""
+        starts, stops = self.windows
+        g, round_to = self.group_size, self.cost_model.round_to
+        candidate = padded_partitions(self.group_longest, g, self.capacity, count)
+        if candidate is not None:
+            candidate = _windows.fit_to_cap(candidate, starts, stops, g, round_to, self.capacity)
+        if (candidate is None or len(candidate) > count) and known is not None:
+            candidate = known
+        if candidate is None:
+            return None
+        return _windows.split_to_count(candidate, starts, stops, g, round_to, count)
 
     def samples_of(self, group_parts: list[list[int]]) -> list[list[int]]:
         g = self.group_size
@@ -264,6 +309,7 @@ def _local_plan(
     min_num_micro_batch: Optional[int],
     force_group_size: int,
     cost_model: CostModel = CostModel(),
+    windows: Optional[tuple[np.ndarray, np.ndarray]] = None,
     short_ok: bool = False,
 ) -> _LocalPlan:
     """This rank's smallest feasible count and a partition at it.
@@ -278,14 +324,25 @@ def _local_plan(
             f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
         )
     g = force_group_size
-    measured = cost_model.rounded(lengths)
+    windows = windows if cost_model.padded else None  # only a padded forward pays for the window
+    if windows is not None:
+        # Trimmed, a sample costs the width of its window (first to last token), not its count.
+        starts, stops = (np.asarray(w, dtype=np.int64) for w in windows)
+        measured = cost_model.rounded(np.maximum(stops - starts, 0))
+    else:
+        measured = cost_model.rounded(lengths)
     sample_capacity = cost_model.sample_capacity(max_token_len)
     over = np.flatnonzero(measured > sample_capacity)
     if over.size:
         index = int(over[0])
+        note = (
+            f" spread over a window of {int(np.maximum(stops - starts, 0)[index])} columns (trim_padding keeps its "
+            f"first to last token), costing {int(measured[index])} under the {cost_model}"
+            if windows is not None
+            else _cost_note(cost_model, int(measured[index]), int(lengths[index]))
+        )
         raise MicroBatchPlanError(
-            f"sample {index} has {int(lengths[index])} tokens"
-            f"{_cost_note(cost_model, int(measured[index]), int(lengths[index]))}, which exceeds "
+            f"sample {index} has {int(lengths[index])} tokens{note}, which exceeds "
             f"max_token_len={max_token_len} ({over.size} sample(s) over the cap; the largest has "
             f"{int(lengths.max())} tokens)",
             MicroBatchPlanError.SAMPLE_EXCEEDS,
@@ -297,6 +354,10 @@ def _local_plan(
     group_tokens = measured.reshape(-1, g).sum(axis=1)
     group_longest = measured.reshape(-1, g).max(axis=1)
     group_costs = cost_model.group_costs(lengths, g)
+    if windows is not None:
+        windows = (starts.reshape(-1, g).min(axis=1), stops.reshape(-1, g).max(axis=1))
+        group_longest = cost_model.rounded(np.maximum(windows[1] - windows[0], 0))
+        group_costs = g * group_longest
     over = np.flatnonzero(group_costs > max_token_len)
     if over.size:
         index = int(over[0])
@@ -312,7 +373,19 @@ def _local_plan(
     # A cap below the packed rounding leaves room only for empty samples (checked above), which
     # fit any positive capacity: the partitioner needs one.
     sample_capacity = max(sample_capacity, 1)
-    if cost_model.padded:
+    if windows is not None:
+        group_workloads = np.zeros(0, dtype=np.int64)
+        plan = _LocalPlan(group_tokens, group_workloads, group_longest, g, max_token_len, cost_model, 0, [], windows)
+        # The least count on the groups' own widths, then what cutting the over-cap parts needs.
+        least = max(min_count, padded_min_count(group_longest, g, max_token_len))
+        parts = padded_partitions(group_longest, g, max_token_len, least) if least <= len(group_longest) else None
+        if parts is None:
+            count = roundup_divisible(least, step)
+        else:
+            parts = _windows.fit_to_cap(parts, *windows, g, cost_model.round_to, max_token_len)
+            count = roundup_divisible(max(min_count, len(parts)), step)
+            parts = plan._windowed_partition(count, parts) if count <= len(group_longest) else None
+    elif cost_model.padded:
         group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
         parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
@@ -321,6 +394,8 @@ def _local_plan(
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
+        if step > 1 and parts is not None:
+            count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
     if parts is None and short_ok:
         parts = [[group] for group in range(len(group_tokens))]
     if parts is None:
@@ -334,8 +409,35 @@ def _local_plan(
             MicroBatchPlanError.CANNOT_SATISFY,
         )
     return _LocalPlan(
-        group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts
+        group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows
     )
+
+
+def _one_multiple_lower(
+    tokens: np.ndarray,
+    workloads: np.ndarray,
+    capacity: int,
+    count: int,
+    parts: list[list[int]],
+    min_count: int,
+    step: int,
+) -> tuple[int, list[list[int]]]:
+    """``(count, parts)``, or one multiple of ``step`` lower where a few groups fit in it.
+
+    Rounding to a multiple of ``num_batches_divided_by`` turns a count the search's tries miss
+    into a whole multiple more. On a few groups (``seqbal._small_exact.MAX_ITEMS``), when the
+    multiple below is not below the packing bound, a budgeted exact search looks for it, and the
+    partition it finds is balanced by :func:`capped_balanced_partitions`. Costs nothing with
+    ``step == 1``, on larger batches, or at the bound.
+    """
+    lower = count - step
+    if len(tokens) > _small_exact.MAX_ITEMS or lower < max(min_count, packing_lower_bound(tokens, capacity)):
+        return count, parts
+    found = _small_exact.exact_fit(tokens, capacity, lower)
+    if found is None:
+        return count, parts
+    balanced = capped_balanced_partitions(tokens, workloads, capacity, lower, feasible=found)
+    return lower, balanced if balanced is not None else found
 
 
 def _rank_name(group: Any, rank_in_group: int) -> str:
@@ -421,6 +523,18 @@ def _pipeline_order(parts: list[list[int]], totals: Sequence[int]) -> list[list[
     return ordered[::2][::-1] + ordered[1::2]
 
 
+@dataclass(frozen=True)
+class _WindowedLengths:
+    """Effective lengths of a batch whose micro-batches will be trimmed to their padding window
+    (``rearrange_micro_batches(..., trim_padding=True)``), with each sample's first column and
+    last column + 1 (``(width, 0)`` for a sample without tokens): under the padded cost a
+    trimmed micro-batch costs ``samples x`` the union of its samples' windows."""
+
+    lengths: Any
+    starts: np.ndarray
+    stops: np.ndarray
+
+
 @dataclass
 class _LocalStage:
     """One rank's outcome before any agreement: a plan, or the error it must report."""
@@ -456,8 +570,12 @@ def _local_stage(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
             dummy_micro_batches,
         )
+        measured = get_lengths()
+        windows = None
+        if isinstance(measured, _WindowedLengths):
+            measured, windows = measured.lengths, (measured.starts, measured.stops)
         try:
-            lengths = _lengths_array(get_lengths())
+            lengths = _lengths_array(measured)
         except MicroBatchPlanError as error:
             if error.code != MicroBatchPlanError.EMPTY_BATCH or not arguments.dummy_micro_batches:
                 raise
@@ -473,6 +591,7 @@ def _local_stage(
             arguments.min_num_micro_batch,
             arguments.force_group_size,
             arguments.cost_model,
+            windows,
             short_ok=synced and arguments.dummy_micro_batches,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
@@ -575,11 +694,21 @@ def _plan(
     dummy_micro_batches: bool = False,
 ) -> list[list[int]]:
     _check_dp_group(dp_group)
+    flag_problem = None
+    try:
+        use_dynamic_bsz_balance = _as_flag("use_dynamic_bsz_balance", use_dynamic_bsz_balance)
+        # An unreadable sync flag is taken as "sync" where a group is given: its peers most likely
+        # passed the same flag and wait in the agreement, which this rank then joins with the error.
+        same_micro_num_in_dp = _as_flag("same_micro_num_in_dp", same_micro_num_in_dp)
+    except MicroBatchPlanError as error:
+        flag_problem, same_micro_num_in_dp = error, True
     sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
     stage = _local_stage(
         get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
         dummy_micro_batches, capture_unexpected=sync, synced=sync,
     )
+    if flag_problem is not None:
+        stage = _LocalStage(None, None, flag_problem, flag_problem.code, stage.arguments)
     if not sync:
         if stage.problem is not None:
             raise stage.problem
@@ -603,7 +732,12 @@ def _plan(
     if mismatch is not None:
         raise mismatch
     if agreement.error_code:
-        raise stage.problem if stage.problem is not None else _peer_failure(agreement, max_token_len, dp_group)
+        if stage.problem is None:
+            raise _peer_failure(agreement, max_token_len, dp_group)
+        # Its own message, the agreed code: every rank of the group raises the same code.
+        if isinstance(stage.problem, MicroBatchPlanError):
+            stage.problem.code = agreement.error_code
+        raise stage.problem
     assert local is not None and stage.arguments is not None
     max_token_len = stage.arguments.max_token_len
     step = stage.arguments.num_batches_divided_by or 1
@@ -757,6 +891,7 @@ def plan_data_parallel(
         >>> [len(parts) for parts in plan_data_parallel([[7] * 8, [1] * 8], 8)]
         [8, 8]
     """
+    use_dynamic_bsz_balance = _as_flag("use_dynamic_bsz_balance", use_dynamic_bsz_balance)
     if len(rank_seq_lens) == 0:
         raise MicroBatchPlanError("rank_seq_lens is empty: give one length list per rank", MicroBatchPlanError.BAD_ARGUMENT)
     stages = [

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .cost import CostModel
-from .plan import MicroBatchPlanError, _plan, dummy_source
+from .cost import CostModel, as_cost_model
+from .plan import MicroBatchPlanError, _WindowedLengths, _as_flag, _plan, dummy_source
 from .tensordict_compat import select_nested_rows, select_rows
 
 __all__ = [
@@ -169,9 +169,71 @@ def _indexable_batch(batch: object) -> None:
         )
 
 
-def _batch_lengths(batch: TensorDict) -> torch.Tensor:
+def _batch_lengths(batch: TensorDict, trim_padding: Any = False, cost_model: Any = None) -> Any:
+    """The lengths the plan needs, every check of ``batch`` made first (inside the agreement).
+
+    With ``trim_padding``, every entry to be trimmed must have one sequence axis
+    (:func:`_trim_axes`); under the padded cost the plan also gets each sample's window, since a
+    trimmed micro-batch costs ``samples x`` its window, not ``samples x longest``.
+    """
     _indexable_batch(batch)
-    return effective_lengths(batch)
+    lengths = effective_lengths(batch)
+    if not _as_flag("trim_padding", trim_padding) or not _has_mask_to_trim(batch):
+        return lengths
+    mask = batch.get("attention_mask")
+    _trim_axes(batch, mask.shape[1])
+    if not as_cost_model(cost_model).padded:  # validated by the plan before this runs
+        return lengths
+    starts, stops = _row_windows(mask)
+    return _WindowedLengths(lengths, starts, stops)
+
+
+def _has_mask_to_trim(batch: TensorDictBase) -> bool:
+    """Trimming cuts the columns of a 2-D ``attention_mask``; a batch measured by a nested
+    ``input_ids`` has no padding to cut."""
+    input_ids = batch.get("input_ids") if "input_ids" in batch.keys() else None
+    if isinstance(input_ids, torch.Tensor) and input_ids.is_nested:
+        return False
+    return "attention_mask" in batch.keys()
+
+
+def _row_windows(mask: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's first token column and last token column + 1, ``(width, 0)`` for a row without
+    tokens, as int64 NumPy arrays. O(B*S)."""
+    present = mask.detach().to("cpu").bool().numpy()
+    width = present.shape[1]
+    has = present.any(axis=1)
+    first = present.argmax(axis=1)
+    last = width - present[:, ::-1].argmax(axis=1)
+    return np.where(has, first, width).astype(np.int64), np.where(has, last, 0).astype(np.int64)
+
+
+def _trim_axes(batch: TensorDictBase, width: int) -> dict[Any, int]:
+    """For every dense tensor leaf of ``batch`` that has an axis (after the batch's) as long as
+    the mask's ``width``: that axis, the one :func:`trim_to_window` cuts. Nested (jagged) and
+    non-tensor entries, and tensors without such an axis, are left out. O(entries).
+
+    Raises:
+        MicroBatchPlanError: an entry with two or more such axes (``(B, 4, 4)`` mRoPE positions of a
+            4-column mask, ``(B, S, S)`` biases): which one holds the sequence cannot be told.
+    """
+    axes = {}
+    dims = batch.batch_dims
+    for key in batch.keys(include_nested=True, leaves_only=True):
+        value = batch.get(key)
+        if not isinstance(value, torch.Tensor) or value.is_nested:
+            continue
+        found = [axis for axis in range(max(dims, 1), value.dim()) if value.shape[axis] == width]
+        if len(found) > 1:
+            raise MicroBatchPlanError(
+                f"trim_padding cannot tell which axis of {key!r} (shape {tuple(value.shape)}) holds the sequence: "
+                f"axes {found} are all as long as the attention_mask's {width} columns; pad the batch to "
+                f"another width or leave trim_padding off",
+                MicroBatchPlanError.BAD_BATCH,
+            )
+        if found:
+            axes[key] = found[0]
+    return axes
 
 
 def rearrange_micro_batches(
@@ -206,7 +268,9 @@ def rearrange_micro_batches(
             padded forward does not pay for the whole batch's width; outputs as wide as the
             trimmed micro-batch go back with :func:`restore_dynamic_batch` and ``windows``.
             Needs a 2-D ``attention_mask`` (a batch of nested ``input_ids`` has no padding to
-            trim). Default False.
+            trim). Under ``cost_model="padded"`` a micro-batch then costs ``samples x`` its
+            trimmed window (first to last token of any of its samples), so the cap bounds the
+            trimmed tensors also with both sides padded or masks with holes. Default False.
         dummy_micro_batches: in sync mode, a rank with fewer groups than the agreed count gets
             it anyway, the missing micro-batches being dummies at the end: each a copy of the
             rank's shortest sample (its cheapest forced group when ``force_group_size > 1``,
@@ -228,10 +292,10 @@ def rearrange_micro_batches(
         >>> len(micro_batches), [mb.batch_size[0] for mb in micro_batches]
         (8, [1, 1, 1, 1, 1, 1, 1, 1])
     """
-    measured: list[torch.Tensor] = []  # the lengths the plan read, for the dummies' source
+    measured: list[Any] = []  # the lengths the plan read, for the dummies' source
 
-    def read_lengths() -> torch.Tensor:
-        measured.append(_batch_lengths(batch))
+    def read_lengths() -> Any:
+        measured.append(_batch_lengths(batch, trim_padding, cost_model))
         return measured[-1]
 
     indices = _plan(
@@ -246,9 +310,13 @@ def rearrange_micro_batches(
         cost_model,
         dummy_micro_batches,
     )
-    source = dummy_source(measured[-1], force_group_size, cost_model) if any(not part for part in indices) else None
+    if any(not part for part in indices):
+        read = measured[-1]
+        source = dummy_source(read.lengths if isinstance(read, _WindowedLengths) else read, force_group_size, cost_model)
+    else:
+        source = None
     micro_batches = [select_rows(batch, part if part else source) for part in indices]
-    if trim_padding and "attention_mask" in batch.keys():
+    if trim_padding and _has_mask_to_trim(batch):
         micro_batches = [trim_to_window(micro_batch) for micro_batch in micro_batches]
     return micro_batches, indices
 
@@ -260,14 +328,24 @@ def padding_window(attention_mask: torch.Tensor) -> tuple[int, int]:
     padded on both sides (left-padded prompts, right-padded responses) gives the span from the
     earliest first token to the latest last token. ``(0, 0)`` for a mask without tokens. O(B*S).
 
+    Raises:
+        ValueError: ``attention_mask`` is not a 2-D tensor.
+
     Examples:
         >>> padding_window(torch.tensor([[0, 1, 1, 0], [0, 0, 1, 0]]))
         (1, 3)
     """
+    _check_mask_argument("attention_mask", attention_mask)
     columns = torch.nonzero(attention_mask.bool().any(0)).flatten()
     if columns.numel() == 0:
         return 0, 0
     return int(columns[0]), int(columns[-1]) + 1
+
+
+def _check_mask_argument(name: str, mask: Any) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.is_nested or mask.dim() != 2:
+        got = f"shape {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) and not mask.is_nested else _describe(mask)
+        raise ValueError(f"{name} must be a 2-D (batch, seq_len) tensor, got {got}")
 
 
 def padding_windows(batch: TensorDict, batch_idx_list: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -279,40 +357,50 @@ def padding_windows(batch: TensorDict, batch_idx_list: Sequence[Sequence[int]]) 
         >>> padding_windows(batch, [[1], [0]])
         [(0, 1), (0, 2)]
     """
+    if not isinstance(batch, TensorDictBase) or "attention_mask" not in batch.keys():
+        raise ValueError(f"padding_windows needs a TensorDict with an attention_mask, got {_describe(batch)}")
     mask = batch.get("attention_mask")
     return [padding_window(mask[torch.as_tensor(list(part), dtype=torch.long, device=mask.device)]) for part in batch_idx_list]
 
 
 def trim_to_window(micro_batch: TensorDict) -> TensorDict:
-    """Cut a micro-batch's padding columns: every dense entry as wide as its ``attention_mask``
-    (``input_ids``, ``position_ids``, the mask itself, nested TensorDicts included) keeps only
-    the columns of :func:`padding_window`. Entries of another width (``responses``), nested
+    """Cut a micro-batch's padding columns: every dense entry with an axis as long as its
+    ``attention_mask`` is wide (``input_ids``, ``position_ids``, mRoPE ``(B, 4, S)``
+    ``position_ids``, the mask itself, nested TensorDicts included) keeps only the columns of
+    :func:`padding_window` on that axis. Entries without such an axis (``responses``), nested
     (jagged) and non-tensor entries are kept as they are. Returns a new TensorDict. O(B*S).
 
-    With one-sided padding the trimmed width is the micro-batch's longest sample, so a padded
-    forward holds ``samples x longest``, which ``cost_model="padded"`` caps; with both sides
-    padded it can be wider (re-pack the rows, as ``examples/ppo_actor_forward.py`` does).
+    The trimmed width is the union of the samples' windows (the longest sample with one-sided
+    padding); ``rearrange_micro_batches(..., cost_model="padded", trim_padding=True)`` plans so
+    that ``samples x`` that width is within the cap.
+
+    Raises:
+        ValueError: ``micro_batch`` is not a TensorDict with a 2-D ``attention_mask``, or an
+            entry has two axes of the mask's width (the sequence axis is ambiguous; the key is
+            named).
 
     Examples:
         >>> batch = TensorDict({"attention_mask": torch.tensor([[0, 1, 1], [0, 0, 1]])}, batch_size=[2])
         >>> trim_to_window(batch)["attention_mask"].tolist()
         [[1, 1], [0, 1]]
     """
+    if not isinstance(micro_batch, TensorDictBase) or "attention_mask" not in micro_batch.keys():
+        raise ValueError(f"trim_to_window needs a TensorDict with an attention_mask, got {_describe(micro_batch)}")
     mask = micro_batch.get("attention_mask")
+    _check_mask_argument("attention_mask", mask)
     width = mask.shape[1]
     start, stop = padding_window(mask)
+    axes = _trim_axes(micro_batch, width)
     trimmed = micro_batch.clone(recurse=False)  # new containers, the same tensors: nothing is copied
     copied: set[tuple[str, ...]] = set()
-    for key in micro_batch.keys(include_nested=True, leaves_only=True):
-        value = micro_batch.get(key)
-        if isinstance(value, torch.Tensor) and not value.is_nested and value.dim() >= 2 and value.shape[1] == width:
-            path = key if isinstance(key, tuple) else (key,)
-            for depth in range(1, len(path)):  # a nested TensorDict on the way: a container of our own
-                prefix = path[:depth]
-                if prefix not in copied:
-                    trimmed.set(prefix, trimmed.get(prefix).clone(recurse=False))
-                    copied.add(prefix)
-            trimmed.set(key, value[:, start:stop])
+    for key, axis in axes.items():
+        path = key if isinstance(key, tuple) else (key,)
+        for depth in range(1, len(path)):  # a nested TensorDict on the way: a container of our own
+            prefix = path[:depth]
+            if prefix not in copied:
+                trimmed.set(prefix, trimmed.get(prefix).clone(recurse=False))
+                copied.add(prefix)
+        trimmed.set(key, micro_batch.get(key).narrow(axis, start, stop - start))
     return trimmed
 
 
@@ -361,7 +449,8 @@ def restore_dynamic_batch(
     outputs that already leave the dummies out are accepted too.
 
     Raises:
-        ValueError: the number of rows of ``data`` differs from the number of indices (plus a
+        ValueError: ``data`` is not a tensor, a TensorDict or a list of tensors (``None``, for
+            one); the number of rows of ``data`` differs from the number of indices (plus a
             whole number of rows per dummy); a list of outputs of different widths without
             ``windows`` and ``width``, or an output whose width is not its window's.
 
@@ -372,6 +461,10 @@ def restore_dynamic_batch(
         ...                       windows=[(0, 1), (0, 2)], width=3).tolist()
         [[5, 6, 0], [7, 0, 0]]
     """
+    try:
+        indices = [int(i) for i in chain.from_iterable(batch_idx_list)]
+    except (TypeError, ValueError):
+        raise ValueError(f"batch_idx_list must be a list of index lists, got {batch_idx_list!r:.80}") from None
     if isinstance(data, (list, tuple)):
         if any(not part for part in batch_idx_list) and len(data) == len(batch_idx_list):
             real = [position for position, part in enumerate(batch_idx_list) if part]
@@ -382,8 +475,13 @@ def restore_dynamic_batch(
             data = _concatenate(data)
         else:
             data = _place_in_windows(data, batch_idx_list, windows, width)
-    indices = list(chain.from_iterable(batch_idx_list))
+    elif not isinstance(data, (torch.Tensor, TensorDictBase)):
+        raise ValueError(
+            f"data must be a tensor, a TensorDict or a list of per-micro-batch tensors, got {_describe(data)}"
+        )
     is_tensor = isinstance(data, torch.Tensor)
+    if (data.dim() if is_tensor else data.batch_dims) == 0:
+        raise ValueError(f"data must have a row per sample along dim 0, got {_describe(data)} without dimensions")
     rows = data.shape[0] if is_tensor else data.batch_size[0]
     reverse = get_reverse_idx(indices) if len(indices) == rows else _skip_dummy_rows(batch_idx_list, indices, rows)
     if not is_tensor:
@@ -449,6 +547,8 @@ def _place_in_windows(
         )
     placed = []
     for position, (output, (start, stop)) in enumerate(zip(outputs, windows)):
+        if not isinstance(output, torch.Tensor) or output.is_nested:
+            raise ValueError(f"output {position} must be a dense tensor, got {_describe(output)}")
         if output.dim() < 2 or output.shape[1] != stop - start or stop > width:
             raise ValueError(
                 f"output {position} has shape {tuple(output.shape)}, but its window ({start}, {stop}) needs "

@@ -231,6 +231,31 @@ class DPSchedule:
         }
 
 
+#: How many divisors below the largest candidate :func:`_largest_fitting_divisor` checks one by one.
+_DIVISOR_PROBES = 64
+
+
+def _largest_fitting_divisor(floor: int, dp_size: int, divisor: int, num_groups: int) -> Optional[int]:
+    """A divisor ``d <= divisor`` with ``roundup_divisible(floor, dp_size * d) <= num_groups``, the
+    largest one where it can be told without a scan; None if none exists. O(1).
+
+    Where ``dp_size * d >= floor`` the rounded count is ``dp_size * d``, so the largest such ``d``
+    is ``min(divisor, num_groups // dp_size)``. Below that, the count lies in
+    ``[floor, floor + dp_size * d)``: every ``d <= (num_groups - floor + 1) // dp_size`` fits, and the
+    :data:`_DIVISOR_PROBES` divisors above that bound are checked one by one.
+    """
+    if floor > num_groups:
+        return None  # every multiple of anything is at least floor
+    high = min(divisor, num_groups // dp_size)
+    if high >= 1 and dp_size * high >= floor:
+        return high
+    safe = min(high, (num_groups - floor + 1) // dp_size)
+    for d in range(high, max(safe, high - _DIVISOR_PROBES, 0), -1):
+        if roundup_divisible(floor, dp_size * d) <= num_groups:
+            return d
+    return safe if safe >= 1 else None
+
+
 def _too_few_groups(
     needed: int,
     packed: int,
@@ -249,9 +274,9 @@ def _too_few_groups(
     per_rank = num_groups // dp_size
     if divisor is not None and divisor > 1:
         floor = max(packed, dp_size * (min_num_micro_batch or 1))
-        fits = [d for d in range(divisor, 0, -1) if roundup_divisible(floor, dp_size * d) <= num_groups]
-        if fits:
-            advice.append(f"lower num_batches_divided_by to {fits[0]}")
+        fit = _largest_fitting_divisor(floor, dp_size, divisor, num_groups)
+        if fit is not None and fit < divisor:
+            advice.append(f"lower num_batches_divided_by to {fit}")
     if min_num_micro_batch is not None and dp_size * min_num_micro_batch > num_groups and per_rank >= 1:
         advice.append(f"lower min_num_micro_batch to {per_rank}")
     advice.append(f"or give the batch at least {needed} groups")

@@ -85,7 +85,7 @@ def select_rows(batch: TensorDict, indices: Indices) -> TensorDict:
 
     Every entry is kept: dense and jagged nested tensors (any ragged dimension), ``NonTensorStack``
     (one object per row), ``NonTensorData`` (one value for the batch, carried unchanged) and
-    nested TensorDicts (recursively). The result has batch size ``[len(indices)]``, the batch's
+    nested TensorDicts (recursively), and so are the batch's dim ``names``. The result has batch size ``[len(indices)]``, the batch's
     device, and owns its data (a copy, as ``batch[index_tensor]`` gives).
     O(selected data) copied plus O(number of entries).
 
@@ -107,7 +107,15 @@ def select_rows(batch: TensorDict, indices: Indices) -> TensorDict:
     selected = {}
     for key in batch.keys():
         selected[key] = _select_entry(batch.get(key), index, rows)
-    return TensorDict(selected, batch_size=[rows, *batch.batch_size[1:]], device=device)
+    out = TensorDict(selected, batch_size=[rows, *batch.batch_size[1:]], device=device)
+    if _has_names(batch):  # dim names ("batch", ...) travel with the rows, as batch[idx] keeps them
+        out.rename_(*batch.names)
+    return out
+
+
+def _has_names(batch: TensorDict) -> bool:
+    has_names = getattr(batch, "_has_names", None)
+    return bool(has_names()) if callable(has_names) else any(name is not None for name in batch.names)
 
 
 def _select_entry(value, index: torch.Tensor, rows: int):

@@ -74,7 +74,10 @@ class Scenario:
             attention mask), "jagged" (nested ``input_ids``); on ``bad_ranks`` only (the
             others get "dense"): "no_mask" (a batch without lengths), "unbatched" (a
             TensorDict with ``batch_size=[]``: it plans but cannot be indexed), "half_mask"
-            (an attention mask holding 0.5).
+            (an attention mask holding 0.5). "verl": the verl adapter's ``prepare_dynamic_batch``
+            on a DataProto-like object; on ``bad_ranks`` only (the others get "verl"):
+            "verl_no_batch" (``data.batch`` is None), "verl_short_non_tensor" (a
+            ``non_tensor_batch`` array one row short).
         synced: the call is in sync mode (two all-reduces expected, else none).
         bad_ranks: {rank: substrings its own message must hold}; empty for a good scenario.
         cannot_satisfy: every rank's message must start with "Cannot satisfy max_token_len".
@@ -265,6 +268,35 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("plan_numpy_arguments", other, {"max_token_len": np.int16(CAP), "num_batches_divided_by": np.uint32(2),
                                                  "min_num_micro_batch": np.uint64(3)}))
 
+    # --- issue 17: what one rank used to raise before (or without) the agreement ------------
+    # round_to beyond int64 overflowed while packing the first all-reduce: the peers hung in it
+    for field_name in ("round_to", "pack_round_to"):
+        add(Scenario(f"err_hang_{field_name}", base, {"max_token_len": CAP},
+                     rank_kwargs={last: {"cost_model": CostModel(**{field_name: 2**64})}},
+                     bad_ranks={last: [f"cost_model.{field_name}=18446744073709551616 is too large"]}))
+    # the verl adapter raised on data.batch None before the agreement: the peers hung
+    add(Scenario("err_hang_verl_no_batch", base, {"max_token_len": CAP}, api="verl_no_batch",
+                 bad_ranks={last: ["prepare_dynamic_batch needs data.batch", "got None"]}))
+    # ... and a non_tensor_batch array one row short failed after the plan on that rank alone
+    add(Scenario("err_verl_short_non_tensor", base, {"max_token_len": CAP}, api="verl_short_non_tensor",
+                 bad_ranks={last: ["data.non_tensor_batch['uid']", f"{len(base[last])} rows"]}))
+    add(Scenario("verl_mixed", base, {"max_token_len": CAP}, api="verl"))
+    # a sync flag that bool() cannot read raised RuntimeError before the agreement: the peers hung
+    add(Scenario("err_hang_sync_flag", base, {"max_token_len": CAP},
+                 rank_kwargs={last: {"same_micro_num_in_dp": _two_element_tensor()}},
+                 bad_ranks={last: ["same_micro_num_in_dp must be True or False", "shape (2,)"]}))
+    # ... and the ordering flag raised RuntimeError after both all-reduces, on that rank alone
+    add(Scenario("err_balance_flag", base, {"max_token_len": CAP},
+                 rank_kwargs={last: {"use_dynamic_bsz_balance": _two_element_tensor()}},
+                 bad_ranks={last: ["use_dynamic_bsz_balance must be True or False", "shape (2,)"]}))
+    # each rank its own message, every rank the agreed (largest) code: here SAMPLE_EXCEEDS (3)
+    codes = [list(x) for x in base]
+    codes[0] = [1, 2, 3]
+    codes[last] = [5, CAP + 1]
+    add(Scenario("err_codes_agree", codes, {"max_token_len": CAP},
+                 rank_kwargs={0: {"min_num_micro_batch": 4}, last: {"min_num_micro_batch": 4}},
+                 bad_ranks={0: ["Cannot satisfy max_token_len"], last: ["exceeds max_token_len", str(CAP + 1)]}))
+
     if world > 2:
         two_bad = [list(x) for x in base]
         two_bad[1] = []
@@ -290,9 +322,27 @@ def build_scenarios(world: int) -> list[Scenario]:
     return out
 
 
+def _two_element_tensor() -> Any:
+    import torch
+
+    return torch.tensor([1, 0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Rank side
 # ---------------------------------------------------------------------------------------------
+
+
+class FakeDataProto:
+    """What the verl adapter needs of verl's ``DataProto`` (verl itself is not imported here)."""
+
+    def __init__(self, batch=None, non_tensor_batch=None, meta_info=None) -> None:
+        self.batch = batch
+        self.non_tensor_batch = non_tensor_batch if non_tensor_batch is not None else {}
+        self.meta_info = meta_info if meta_info is not None else {}
+
+    def __len__(self) -> int:
+        return int(self.batch.batch_size[0])
 
 
 def _make_batch(lengths: list[int], api: str, seed: int):
@@ -427,6 +477,8 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
     api = scenario.api
     if api in ("no_mask", "unbatched", "half_mask") and rank not in scenario.bad_ranks:
         api = "dense"
+    if api.startswith("verl_") and rank not in scenario.bad_ranks:
+        api = "verl"
     batch = None if api == "plan" else _make_batch(lengths, api, seed=rank)
 
     restore = None
@@ -457,6 +509,19 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
             record["skipped_call"] = True
         elif api == "plan":
             parts = seqbal.plan_micro_batches(lengths, dp_group=group, **kwargs)
+        elif api.startswith("verl"):
+            from seqbal.integrations.verl import prepare_dynamic_batch
+
+            rows = len(lengths) - (api == "verl_short_non_tensor")
+            data = FakeDataProto(
+                batch=None if api == "verl_no_batch" else batch,
+                non_tensor_batch={"uid": np.arange(rows)},
+                meta_info={"step": 1},
+            )
+            micro_batches, parts = prepare_dynamic_batch(data, dp_group=group, **kwargs)
+            record.update(_roundtrip(batch, [mb.batch for mb in micro_batches], parts, "dense"))
+            uids = [mb.non_tensor_batch["uid"].tolist() for mb in micro_batches]
+            record["non_tensor_exact"] = uids == [list(part) for part in parts]
         else:
             micro_batches, parts = seqbal.rearrange_micro_batches(batch, dp_group=group, **kwargs)
             record.update(_roundtrip(batch, micro_batches, parts, api))
@@ -466,6 +531,7 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
         record["outcome"] = "error"
         record["error_type"] = type(error).__name__
         record["is_value_error"] = isinstance(error, ValueError)
+        record["error_code"] = getattr(error, "code", None)
         record["message"] = str(error)
         record["traceback"] = traceback.format_exc(limit=6)
     finally:

@@ -276,6 +276,8 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
             assert max(record["mb_tokens"]) <= kwargs["max_token_len"]
             assert record["restored_ids"] == list(range(len(lengths))), f"rank {rank}: restore order wrong"
             assert record["restored_exact"], f"rank {rank}: restore_dynamic_batch did not reproduce the batch"
+        if scenario.api == "verl":
+            assert record["non_tensor_exact"], f"rank {rank}: non_tensor_batch rows differ from the indices"
 
 
 SCENARIOS = {world: {s.name: s for s in build_scenarios(world)} for world in (2, 4)}
@@ -333,6 +335,17 @@ def test_error_on_one_rank_raises_everywhere(world_records, backend, world, name
     """Bad data or arguments on one rank: every rank raises ValueError, promptly, after one
     all-reduce; the bad rank with its own numbers, the others naming it."""
     _check(world_records, backend, world, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_raises_the_agreed_code_with_its_own_message(world_records, backend, world):
+    """Issue 17.7: rank 0 cannot satisfy its minimum (code 1), the last rank has a sample over
+    the cap (code 3): both keep their own message, and every rank raises code 3."""
+    records = world_records(world, backend)["err_codes_agree"]
+    assert [r["error_code"] for r in records] == [3] * world, [r.get("message") for r in records]
+    assert records[0]["message"].startswith("Cannot satisfy max_token_len")
+    assert "exceeds max_token_len" in records[-1]["message"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -442,6 +455,17 @@ def test_scenarios_cover_the_issue():
             "err_mask_of_halves",
             "plan_min_differs",
             "plan_numpy_arguments",
+        ):
+            assert required in names, (world, required)
+        for required in (  # issue 17: one rank used to raise before (or without) the agreement
+            "err_hang_round_to",
+            "err_hang_pack_round_to",
+            "err_hang_verl_no_batch",
+            "err_verl_short_non_tensor",
+            "err_hang_sync_flag",
+            "err_balance_flag",
+            "err_codes_agree",
+            "verl_mixed",
         ):
             assert required in names, (world, required)
     assert "pairs_own_count" in SCENARIOS[4]

@@ -308,3 +308,188 @@ def test_a_mask_is_counted_iff_it_holds_only_zeros_and_ones(rows, dtype):
     else:
         with pytest.raises(MicroBatchPlanError, match="only 0 and 1"):
             effective_lengths(batch)
+
+
+# ------------------------------------------------------------------ issue 17
+
+
+@pytest.mark.parametrize("field_name", ["round_to", "pack_round_to"])
+def test_cost_model_fields_beyond_int64_are_bad_arguments_with_the_number(field_name):
+    from seqbal import CostModel, plan_data_parallel
+
+    model = CostModel(**{field_name: 2**64})
+    pattern = rf"cost_model\.{field_name}=18446744073709551616 is too large"
+    with pytest.raises(MicroBatchPlanError, match=pattern) as info:
+        plan_micro_batches([1, 2], 100, cost_model=model)
+    assert info.value.code == MicroBatchPlanError.BAD_ARGUMENT
+    with pytest.raises(ValueError, match=pattern):
+        plan_data_parallel([[1, 2], [3]], 100, cost_model=model)
+    batch = TensorDict({"attention_mask": torch.ones(2, 3, dtype=torch.long)}, batch_size=[2])
+    with pytest.raises(ValueError, match=pattern):
+        rearrange_micro_batches(batch, 100, cost_model=model)
+    assert plan_micro_batches([1, 2], 2**62, cost_model=CostModel(**{field_name: 2**20})) == [[0, 1]]
+
+
+def _two_values():
+    return torch.tensor([1, 0])
+
+
+@pytest.mark.parametrize("value", [_two_values(), np.array([True, False])], ids=["tensor", "array"])
+@pytest.mark.parametrize("name", ["same_micro_num_in_dp", "use_dynamic_bsz_balance"])
+def test_flag_of_several_values_is_a_value_error(name, value):
+    from seqbal import plan_data_parallel
+
+    with pytest.raises(MicroBatchPlanError, match=rf"{name} must be True or False, got a \w+ of shape \(2,\)"):
+        plan_micro_batches([1, 2], 10, **{name: value})
+    batch = TensorDict({"attention_mask": torch.ones(2, 3, dtype=torch.long)}, batch_size=[2])
+    with pytest.raises(ValueError, match=f"{name} must be True or False"):
+        rearrange_micro_batches(batch, 10, **{name: value})
+    if name == "use_dynamic_bsz_balance":
+        with pytest.raises(ValueError, match=f"{name} must be True or False"):
+            plan_data_parallel([[1, 2]], 10, use_dynamic_bsz_balance=value)
+    assert plan_micro_batches([1, 2], 10, **{name: torch.tensor(True)}) == [[0, 1]]  # one value reads fine
+
+
+def test_trim_padding_flag_of_several_values_is_a_value_error():
+    batch = TensorDict({"attention_mask": torch.ones(2, 3, dtype=torch.long)}, batch_size=[2])
+    with pytest.raises(ValueError, match=r"trim_padding must be True or False, got a Tensor of shape \(2,\)"):
+        rearrange_micro_batches(batch, 10, trim_padding=_two_values())
+
+
+@pytest.mark.parametrize("cap", [-1, 0, True, 2.5, None])
+def test_micro_batch_summary_rejects_a_cap_that_is_not_positive(cap):
+    from seqbal import micro_batch_summary
+
+    with pytest.raises(ValueError, match=rf"max_token_len must be a positive int, got {cap!r}"):
+        micro_batch_summary([4, 4], [[0, 1]], cap)
+
+
+_HUGE_DIVISOR_SCRIPT = """
+import sys
+from seqbal import build_dp_schedule
+try:
+    build_dp_schedule([5] * 16, 2, 100, num_batches_divided_by=2**40{extra})
+except ValueError as error:
+    print(error)
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("extra", ["", ", cost_model='padded'", ", min_num_micro_batch=3"])
+def test_huge_divisor_in_the_schedule_is_an_error_at_once(extra):
+    """Issue 17.5: the advice used to loop over every divisor below 2**40 (hours). The timeout is a
+    hang guard, generous for a loaded machine, not a performance threshold."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _HUGE_DIVISOR_SCRIPT.format(extra=extra)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Cannot satisfy max_token_len=100" in result.stdout
+    assert "lower num_batches_divided_by to 8" in result.stdout  # 16 groups, 2 ranks: 8 per rank
+
+
+def test_huge_divisor_in_the_cli_schedule_route_exits_2_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("5\n" * 8)
+    result = subprocess.run(
+        [sys.executable, "-m", "seqbal", "plan", str(lengths), "--route", "schedule", "--dp", "2",
+         "--divisible-by", str(2**40), "--max-token-len", "100", "--compare", "off"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "lower num_batches_divided_by to 4" in result.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    floor=st.integers(1, 200),
+    dp_size=st.integers(1, 6),
+    divisor=st.integers(1, 300),
+    num_groups=st.integers(1, 400),
+)
+def test_divisor_advice_is_the_largest_divisor_that_fits(floor, dp_size, divisor, num_groups):
+    from seqbal.partition import roundup_divisible
+    from seqbal.schedule import _largest_fitting_divisor
+
+    fitting = [d for d in range(divisor, 0, -1) if roundup_divisible(floor, dp_size * d) <= num_groups]
+    advised = _largest_fitting_divisor(floor, dp_size, divisor, num_groups)
+    assert advised == (fitting[0] if fitting else None)
+
+
+class _DataProto:
+    """What the verl adapter reads of verl's DataProto."""
+
+    def __init__(self, batch=None, non_tensor_batch=None, meta_info=None):
+        self.batch, self.non_tensor_batch, self.meta_info = batch, non_tensor_batch, meta_info
+
+    def __len__(self):
+        return self.batch.batch_size[0]
+
+
+def _verl_batch(n=3):
+    return TensorDict({"attention_mask": torch.ones(n, 4, dtype=torch.long)}, batch_size=[n])
+
+
+@pytest.mark.parametrize(
+    "data, pattern",
+    [
+        (_DataProto(None, {}, {}), "prepare_dynamic_batch needs data.batch"),
+        (object(), "prepare_dynamic_batch needs data.batch"),
+        (_DataProto(_verl_batch(), {"uid": np.arange(2)}, {}), r"data.non_tensor_batch\['uid'\] .* \(3 rows, as data.batch\), got \(2,\)"),
+        (_DataProto(_verl_batch(), {"uid": [1, 2, 3]}, {}), r"must be a NumPy array .* got list"),
+        (_DataProto(_verl_batch(), ["uid"], {}), "data.non_tensor_batch must be a dict"),
+        (_DataProto(_verl_batch(), {}, 7), "data.meta_info must be a dict"),
+        (_DataProto(torch.ones(3, 4), {}, {}), r"batch must be a tensordict\.TensorDict"),
+    ],
+    ids=["batch-none", "no-batch", "short-array", "list-array", "non-tensor-list", "meta-int", "tensor-batch"],
+)
+def test_malformed_dataproto_is_a_plan_error_of_the_agreed_path(data, pattern, monkeypatch):
+    """Issue 17.4: every malformed input of the adapter is a MicroBatchPlanError raised through
+    the plan (which, in sync mode, agrees on it first), before any row is cut."""
+    from seqbal import plan as plan_module
+    from seqbal.integrations.verl import prepare_dynamic_batch
+
+    from seqbal import rearrange as rearrange_module
+
+    calls = []
+    original = plan_module._plan
+    counting = lambda *a, **k: calls.append(1) or original(*a, **k)  # noqa: E731
+    monkeypatch.setattr(plan_module, "_plan", counting)
+    monkeypatch.setattr(rearrange_module, "_plan", counting)
+    with pytest.raises(MicroBatchPlanError, match=pattern) as info:
+        prepare_dynamic_batch(data, 100)
+    assert info.value.code == MicroBatchPlanError.BAD_BATCH
+    assert calls, "the error did not go through the plan's agreement"
+
+
+def test_count_rounded_to_the_divisor_is_not_a_whole_multiple_above_the_optimum():
+    """Issue 17.10: 4 parts of 118 exist ([44, 44] and three triples); the count search's tries
+    miss them, and rounding its 5 to the divisor gave 6."""
+    lengths = [39, 42, 39, 42, 36, 39, 44, 40, 41, 44, 35]
+    parts = plan_micro_batches(lengths, 118, num_batches_divided_by=2)
+    assert len(parts) == 4
+    assert_plan_invariants(lengths, parts, 118, num_batches_divided_by=2)
+    assert len(plan_micro_batches([33, 18, 23, 24, 49, 30, 12, 11, 26], 59, num_batches_divided_by=2)) == 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=12), cap=st.integers(60, 130), divisor=st.integers(2, 3))
+def test_divided_counts_stay_within_the_cap_and_reach_the_exact_optimum_on_few_items(lengths, cap, divisor):
+    from tests.exact_packing import optimal_bin_count
+
+    optimum = -(-optimal_bin_count(lengths, cap) // divisor) * divisor if len(lengths) <= 9 else None
+    try:
+        parts = plan_micro_batches(lengths, cap, num_batches_divided_by=divisor)
+    except MicroBatchPlanError as error:
+        assert "Cannot satisfy" in str(error) and (optimum is None or optimum > len(lengths))
+        return
+    assert_plan_invariants(lengths, parts, cap, num_batches_divided_by=divisor)
+    if optimum is not None:
+        assert len(parts) <= optimum + divisor  # never a whole multiple above what exists ...
+        assert len(parts) == optimum  # ... and, on these few items, exactly the optimum

@@ -29,6 +29,7 @@ import copy
 import functools
 import importlib
 import sys
+from collections.abc import Mapping
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -204,13 +205,31 @@ def prepare_dynamic_batch(
         ``(micro_batches, indices)``; undo the order with :func:`restore_dynamic_batch`.
 
     Raises:
-        ValueError: ``data.batch`` is None (no tensors to measure), or any error of
-            :func:`seqbal.rearrange_micro_batches`.
+        ValueError: ``data.batch`` is None (no tensors to measure), ``data.non_tensor_batch`` is
+            not a mapping of arrays with a row per sample, ``data.meta_info`` is not a mapping,
+            or any error of :func:`seqbal.rearrange_micro_batches`. In sync mode each of these is
+            agreed like that function's own errors: every rank of ``dp_group`` raises, none waits.
     """
+    from ..plan import _plan
     from ..rearrange import rearrange_micro_batches
 
-    if getattr(data, "batch", None) is None:
-        raise ValueError("prepare_dynamic_batch needs data.batch (a TensorDict with input_ids/attention_mask), got None")
+    problem = _data_problem(data)
+    if problem is not None:
+        # Through the same agreement as a bad batch: the peers, already in it, raise with this rank.
+        def report() -> Any:
+            raise problem
+
+        _plan(
+            report,
+            max_token_len=max_token_len,
+            dp_group=dp_group,
+            num_batches_divided_by=num_batches_divided_by,
+            same_micro_num_in_dp=same_micro_num_in_dp,
+            min_num_micro_batch=min_num_micro_batch,
+            use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+            force_group_size=force_group_size,
+        )
+        raise problem  # not reached: the plan raises the problem (or an argument error before it)
     batches, indices = rearrange_micro_batches(
         data.batch,
         max_token_len=max_token_len,
@@ -237,6 +256,39 @@ def prepare_dynamic_batch(
             data_class(batch=batch, non_tensor_batch=non_tensors, meta_info=copy.deepcopy(data.meta_info))
         )
     return micro_batches, indices
+
+
+def _data_problem(data: Any) -> Optional[Exception]:
+    """What is wrong with a ``DataProto``-like ``data`` before it is split, or None: checked before
+    the plan so that the error is agreed (a failure while cutting ``non_tensor_batch`` after the
+    plan would leave this rank alone while its peers train on). O(keys)."""
+    from ..plan import MicroBatchPlanError
+
+    def bad(message: str) -> MicroBatchPlanError:
+        return MicroBatchPlanError(message, MicroBatchPlanError.BAD_BATCH)
+
+    batch = getattr(data, "batch", None)
+    if batch is None:
+        return bad(
+            f"prepare_dynamic_batch needs data.batch (a TensorDict with input_ids/attention_mask), got None "
+            f"(data is a {type(data).__name__})"
+        )
+    rows = batch.batch_size[0] if getattr(batch, "batch_dims", 0) >= 1 else None  # else the plan says why
+    non_tensors = getattr(data, "non_tensor_batch", None)
+    if non_tensors is not None and not isinstance(non_tensors, Mapping):
+        return bad(f"data.non_tensor_batch must be a dict of arrays, got a {type(non_tensors).__name__}")
+    for key, value in (non_tensors or {}).items():
+        length = len(value) if hasattr(value, "__len__") and hasattr(value, "__getitem__") else None
+        if not isinstance(value, np.ndarray) or value.ndim < 1 or (rows is not None and length != rows):
+            shape = tuple(value.shape) if isinstance(value, np.ndarray) else type(value).__name__
+            return bad(
+                f"data.non_tensor_batch[{key!r}] must be a NumPy array with a row per sample "
+                f"({rows} rows, as data.batch), got {shape}"
+            )
+    meta_info = getattr(data, "meta_info", None)
+    if meta_info is not None and not isinstance(meta_info, Mapping):
+        return bad(f"data.meta_info must be a dict, got a {type(meta_info).__name__}")
+    return None
 
 
 def restore_dynamic_batch(data: Any, batch_idx_list: list[list[int]]) -> Any:
