@@ -285,13 +285,20 @@ def _duration(seconds: float) -> str:
 
 
 def _plot_path(path: str) -> str:
-    """The file ``--plot`` writes: ``path`` itself, or ``path.png`` when it has no extension."""
+    """The file ``--plot`` writes: ``path`` itself, or ``path.png`` when it has no extension.
+
+    Checked before any planning, matplotlib included, so a long run does not end in an error.
+    """
     suffix = Path(path).suffix.lower()
-    if not suffix:
-        return path + ".png"
-    if suffix not in PLOT_SUFFIXES:
+    if suffix and suffix not in PLOT_SUFFIXES:
         raise InputError(f"--plot {path}: the plot is an image; give a file ending in {', '.join(PLOT_SUFFIXES)}")
-    return path
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError(
+            "--plot needs matplotlib, which is not installed; pip install 'seqbal[plot]' (or drop --plot)"
+        ) from None
+    return path if suffix else path + ".png"
 
 
 def plot_figure(report: dict[str, Any], cap: int) -> Any:
