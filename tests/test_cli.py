@@ -80,7 +80,8 @@ def test_default_sample_prints_seqbal_and_both_verl_versions():
     assert "qwen25math_cot_rollouts.txt (shipped sample): 800 samples, 383611 tokens" in out
     # the report leads with what changes for the user: time, count, largest micro-batch, impossible input
     head = out.split("seqbal: 94 micro-batches per rank")[0]
-    assert re.search(r"^  planning time\s+\d+ ms\s+\d+ ms", head, re.M)
+    assert re.search(rf"^  planning time \(one rank, on this machine\): seqbal \d+ ms, {VERL} \d+(\.\d)? m?s, "
+                     r"verl <= 0\.8 \d+(\.\d)? m?s$", head, re.M)
     assert re.search(r"^  micro-batches per rank\s+94\s+96\s+94$", head, re.M)
     assert re.search(r"^  largest micro-batch\s+4096 \(cap 4096\)\s+\d+\s+4136, 64 over the cap$", head, re.M)
     assert "a sample over the cap: seqbal raises a ValueError on every rank" in " ".join(head.split())
@@ -871,3 +872,16 @@ def test_plot_legend_sits_outside_the_bars():
             assert len(axis.get_legend().get_texts()) == 9  # 8 ranks and the cap
     finally:
         plt.close(figure)
+
+
+def test_guide_shows_the_comparison_as_it_runs():
+    """docs/guide.md's example with verl (a no-run block: its output depends on verl being
+    installed) is the command's real output, planning times aside."""
+    _verl_code()
+    guide = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    match = re.search(r"```bash no-run\nseqbal plan --dp 2\n```\n\n```text\n(.*?)```", guide, re.S)
+    assert match, "the example is in the guide"
+    duration = re.compile(r"\b\d+(\.\d+)? (ms|s)\b")
+    result = call("plan", "--dp", "2")
+    assert result.returncode == 0, result.stderr
+    assert duration.sub("<time>", result.stdout.rstrip("\n")) == duration.sub("<time>", match.group(1).rstrip("\n"))
