@@ -125,6 +125,16 @@ def _text_lines(path: Optional[Path], stdin: Optional[io.TextIOBase]) -> Iterabl
         yield line.lstrip("\ufeff") if number == 0 else line
 
 
+def _integral_float(text: str, where: str) -> float:
+    """A text line that is not an int: a float literal is read as every format reads floats
+    (``5.0`` and ``4e3`` are lengths, as in ``.npy``, ``.jsonl`` and ``.parquet``; ``5.5``,
+    ``nan`` and ``inf`` are not, and :func:`_length_of` says so); anything else is an error."""
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{where}: expected one integer per line, got {text[:40]!r}") from None
+
+
 def _read_text(lines: Iterable[str], name: str) -> tuple[list[int], list[int]]:
     values, places = [], []
     for number, line in enumerate(lines, start=1):
@@ -135,7 +145,7 @@ def _read_text(lines: Iterable[str], name: str) -> tuple[list[int], list[int]]:
         try:
             value = int(text)
         except ValueError:
-            raise InputError(f"{where}: expected one integer per line, got {text[:40]!r}") from None
+            value = _integral_float(text, where)
         values.append(_length_of(value, where))
         places.append(number)
     return values, places
@@ -233,7 +243,9 @@ def read_lengths(
     shipped sample if None.
 
     Text: one integer per line (blank lines and ``#`` comments skipped, a UTF-8 byte-order mark
-    accepted). ``.npy``: a 1-D integer array. ``.jsonl``: one record per line, an integer, a list
+    accepted).
+    In every format a float is accepted when it is integral (``5.0``, ``4e3``) and rejected
+    otherwise (``5.5``, NaN, infinities), naming its line, element or row. ``.npy``: a 1-D integer array. ``.jsonl``: one record per line, an integer, a list
     (its length), or an object whose ``field`` holds one of those; ``field`` may be a sum,
     ``prompt_len+response_len``. ``.parquet``: the column ``column`` (ints or lists, sums
     allowed), pyarrow needed. Standard input is read as text, or as ``.jsonl`` with ``field``.

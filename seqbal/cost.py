@@ -90,6 +90,17 @@ class CostModel:
         """True for plain effective tokens, the model of every call that names none."""
         return self == CostModel()
 
+    def __repr__(self) -> str:
+        """``CostModel(...)`` with only the fields that differ from the default: short, and
+        ``eval(repr(model)) == model`` (with ``CostModel`` imported).
+
+        >>> CostModel(), CostModel(padded=True, round_to=8)
+        (CostModel(), CostModel(padded=True, round_to=8))
+        """
+        fields = [f"{name}={getattr(self, name)!r}" for name, default in (("padded", False), ("round_to", 1),
+                  ("pack_round_to", 1)) if getattr(self, name) != default]
+        return f"CostModel({', '.join(fields)})"
+
     def __str__(self) -> str:
         rounding = f", each length rounded up to a multiple of {self.round_to}" if self.round_to > 1 else ""
         if self.padded:

@@ -167,6 +167,15 @@ class DPSchedule:
     lengths: tuple[int, ...] = field(repr=False)
     workloads: tuple[int, ...] = field(repr=False)
 
+    def __repr__(self) -> str:
+        """The shape of the schedule, not its micro-batches (``rank_micro_batches`` lists those).
+
+        >>> build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8)
+        <DPSchedule dp_size=2 num_micro_batches=2 max_token_len=8 samples=6 tokens=24>
+        """
+        return (f"<DPSchedule dp_size={self.dp_size} num_micro_batches={self.num_micro_batches} "
+                f"max_token_len={self.max_token_len} samples={len(self.lengths)} tokens={sum(self.lengths)}>")
+
     def rank_micro_batches(self, rank: int) -> list[list[int]]:
         """Micro-batches of ``rank`` as lists of global sample indices. O(n / dp_size).
 

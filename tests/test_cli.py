@@ -69,21 +69,32 @@ def rank_parts(lengths: np.ndarray, tokens_per_micro_batch: list[int]) -> None:
     assert sum(tokens_per_micro_batch) == int(lengths.sum())
 
 
+VERL = r"(?:verl 0\.9\.1|verl >= 0\.9)"  # verl's own code where installed, else the re-implementation
+
+
 def test_default_sample_prints_seqbal_and_both_verl_versions():
-    result = run("plan")
+    result = run("plan", timeout=300)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # no progress and no verl import warnings in a pipe
     out = result.stdout
     assert "qwen25math_cot_rollouts.txt (shipped sample): 800 samples, 383611 tokens" in out
-    assert "seqbal: 94 micro-batches per rank" in out
-    assert re.search(r"^verl >= 0\.9 \(strict loop\): 96 micro-batches per rank, 3 KK pass\(es\) \(\d+ ms\)", out, re.M)
+    # the report leads with what changes for the user: time, count, largest micro-batch, impossible input
+    head = out.split("seqbal: 94 micro-batches per rank")[0]
+    assert re.search(rf"^  planning time \(one rank, on this machine\): seqbal \d+ ms, {VERL} \d+(\.\d)? m?s, "
+                     r"verl <= 0\.8 \d+(\.\d)? m?s$", head, re.M)
+    assert re.search(r"^  micro-batches per rank\s+94\s+96\s+94$", head, re.M)
+    assert re.search(r"^  largest micro-batch\s+4096 \(cap 4096\)\s+\d+\s+4136, 64 over the cap$", head, re.M)
+    assert "a sample over the cap: seqbal raises a ValueError on every rank" in " ".join(head.split())
+    assert re.search(rf"^{VERL} ran: ", head, re.M)
+    assert re.search(rf"^{VERL} \(strict loop\): 96 micro-batches per rank, 3 KK pass\(es\) \(\d+ ms\)", out, re.M)
     # verl <= 0.8: one KK pass at ceildiv(383611, 4096) = 94 parts, 64 of them over the cap
     assert "verl <= 0.8 (one KK pass): 94 micro-batches per rank, 64 over the cap, largest 4136" in out
-    for title in ("samples", "tokens", "lower bound", "micro-batches", "fill %", "workload max/mean", "largest micro-batch"):
+    for title in ("samples", "tokens", "packing bound", "micro-batches", "fill %", "workload max/mean", "largest micro-batch"):
         assert title in out, title
 
 
 def test_json_matches_library_and_agreement_rule():
-    from seqbal import plan_micro_batches
+    from seqbal import packing_lower_bound, plan_micro_batches
 
     report = plan_json("--dp", "4", "--max-token-len", "8192", "--divisible-by", "2", "--route", "contiguous")
     lengths = np.loadtxt(SAMPLE, dtype=np.int64)
@@ -97,7 +108,8 @@ def test_json_matches_library_and_agreement_rule():
     assert report["seqbal"]["all_reduces"] == 2
     for row, chunk in zip(rows, chunks):
         assert row["tokens"] == int(chunk.sum())
-        assert row["lower_bound"] == -(-int(chunk.sum()) // 8192)
+        assert row["ceildiv_bound"] == -(-int(chunk.sum()) // 8192)
+        assert row["packing_bound"] == packing_lower_bound(chunk, 8192)
         assert row["largest_micro_batch"] <= 8192
         rank_parts(chunk, row["micro_batch_tokens"])
     old = report["verl_0_9"]
@@ -107,7 +119,7 @@ def test_json_matches_library_and_agreement_rule():
 
 
 def test_subprocess_json_and_malformed_input(tmp_path):
-    result = run("plan", "--json", "--dp", "2")
+    result = run("plan", "--json", "--dp", "2", "--compare", "off")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["seqbal"]["all_reduces"] == 2
     path = tmp_path / "bad.txt"
@@ -163,7 +175,7 @@ def test_npy(tmp_path):
     report = plan_json(str(path), "--max-token-len", "8")
     # 8 x 7 tokens under a cap of 8: ceildiv says 7, but no two samples fit together
     row = report["seqbal"]["ranks"][0]
-    assert row["lower_bound"] == 7 and row["micro_batches"] == 8
+    assert row["ceildiv_bound"] == 7 and row["packing_bound"] == 8 and row["micro_batches"] == 8
 
 
 def test_parquet_without_pyarrow_is_explained(tmp_path, monkeypatch):
@@ -286,7 +298,8 @@ def test_report_when_the_verl_loops_fail(tmp_path):
     report["verl_0_8"].update(failed=True)
     text = format_report(report)
     assert "seqbal: 2 micro-batches per rank" in text
-    assert "verl >= 0.9 (strict loop): fails, it reaches 4 micro-batches" in text
+    assert re.search(rf"^{VERL} \(strict loop\): fails, it reaches 4 micro-batches", text, re.M)
+    assert re.search(r"^  micro-batches per rank\s+2\s+fails at 4\s+fails$", text, re.M)
     assert "verl <= 0.8 (one KK pass): fails" in text
 
 
@@ -393,7 +406,7 @@ def test_version():
 
 def test_stdin_text_and_jsonl():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "seqbal", "plan", "-", "--max-token-len", "8", "--json"]
+    command = [sys.executable, "-m", "seqbal", "plan", "-", "--max-token-len", "8", "--json", "--compare", "off"]
     text = subprocess.run(command, input="\ufeff5\n7\n# note\n3\n", cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=60)
     assert text.returncode == 0, text.stderr
@@ -506,25 +519,30 @@ def test_routes_are_compared_in_the_text_output():
         assert re.search(rf"^  {re.escape(name)}\s+\d+\s+[\d.]+%\s+[\d.]+", out, re.M), name
 
 
-def test_compare_rule_skips_the_verl_loops_above_the_threshold(tmp_path, monkeypatch):
+def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatch):
+    """auto compares while verl's KK builds at most COMPARE_AUTO_MAX_KK_SETS sets per pass."""
     import seqbal.cli as cli
 
     def fail(*args, **kwargs):
         raise AssertionError("the comparison must not run")
 
+    # 2 ranks x 1,000 samples x ceildiv(1000 * 1000, 4096) = 245 micro-batches: 490,000 sets
     path = tmp_path / "many.txt"
-    path.write_text("3\n" * (cli.COMPARE_AUTO_MAX_SAMPLES + 1))
-    monkeypatch.setattr(cli, "kk_loop_plans", fail)
-    monkeypatch.setattr(cli, "kk_one_pass_plans", fail)
+    path.write_text("1000\n" * 2000)
+    assert cli.kk_sets_per_pass([np.full(1000, 1000)] * 2, 4096) == 490_000 > cli.COMPARE_AUTO_MAX_KK_SETS
+    monkeypatch.setattr(cli, "_compare_with_verl", fail)
     result = call("plan", str(path), "--dp", "2")
     assert result.returncode == 0, result.stderr
-    assert f"comparison with verl and the other routes skipped (more than {cli.COMPARE_AUTO_MAX_SAMPLES} samples" in result.stdout
+    assert ("comparison with verl and the other routes skipped: verl's Karmarkar-Karp would build 490,000 sets "
+            "per pass here") in result.stdout
     report = plan_json("--compare", "off")
     assert report["verl_0_9"] is None and report["verl_0_8"] is None and report["routes"] is None
+    assert report["settings"]["kk_sets_per_pass"] == 800 * 94
     monkeypatch.undo()
-    path.write_text("3\n" * (cli.COMPARE_AUTO_MAX_SAMPLES + 1))
-    forced = plan_json(str(path), "--compare", "on")
-    assert forced["verl_0_9"]["micro_batches_per_rank"] == forced["seqbal"]["micro_batches_per_rank"]
+    small = tmp_path / "small.txt"
+    small.write_text("3\n" * 40)
+    forced = plan_json(str(small), "--compare", "on", "--max-token-len", "8")
+    assert forced["verl_0_9"]["micro_batches_per_rank"] == forced["seqbal"]["micro_batches_per_rank"] == 20
 
 
 def test_one_pass_baseline_is_verl_0_8():
@@ -534,25 +552,41 @@ def test_one_pass_baseline_is_verl_0_8():
 
     lengths = np.loadtxt(SAMPLE, dtype=np.int64)
     result = kk_one_pass_plans([lengths], 4096)
-    expected = karmarkar_karp(calculate_workload(lengths), ceildiv(int(lengths.sum()), 4096), equal_size=False)
-    assert result.parts == [[sorted(p) for p in expected]]
     assert (result.count, result.over_cap, result.largest) == (94, 64, 4136)
+    # seqbal's own KK (a faster one, same rule) makes as many over the cap
+    fast = karmarkar_karp(calculate_workload(lengths), ceildiv(int(lengths.sum()), 4096), equal_size=False)
+    assert sum(int(lengths[p].sum()) > 4096 for p in fast) == 64
+    try:
+        import verl.utils.seqlen_balancing as verl_balancing
+    except ImportError:
+        return
+    workloads = calculate_workload(lengths).tolist()
+    assert result.parts[0] == verl_balancing.get_seqlen_balanced_partitions(workloads, 94, equal_size=False)
 
 
-def test_planning_from_the_command_line_does_not_import_torch(tmp_path):
-    """`seqbal plan` with ranks, every route and the comparison needs only NumPy."""
+def _modules_after(argv: list[str], hide_verl: bool = False) -> list[str]:
     code = (
         "import contextlib, io, sys\n"
-        "from seqbal.cli import main\n"
+        + ("sys.modules['verl'] = None\n" if hide_verl else "")
+        + "from seqbal.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    assert main(['plan', '--dp', '2', '--compare', 'on']) == 0\n"
-        "print(sorted(m for m in ('torch', 'tensordict') if m in sys.modules))"
+        f"    assert main({argv!r}) == 0\n"
+        "print(sorted(m for m in ('torch', 'tensordict', 'verl') if sys.modules.get(m) is not None))"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    return json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"'))
 
+
+def test_planning_from_the_command_line_does_not_import_torch():
+    """`seqbal plan` with ranks and every route needs only NumPy; torch and verl are imported
+    for the comparison with verl only."""
+    assert _modules_after(["plan", "--dp", "2", "--compare", "off"]) == []
+    assert _modules_after(["plan", "--dp", "2", "--route", "schedule", "--compare", "off"]) == []
+    # the re-implementation runs where verl's code would, next to torch: but never imports verl
+    assert _modules_after(["plan", "--dp", "2", "--compare", "on", "--max-token-len", "16384"], hide_verl=True) == [
+        "tensordict", "torch"]
 
 
 def test_plan_on_the_padded_cost_bounds_padded_memory(tmp_path) -> None:
@@ -561,6 +595,9 @@ def test_plan_on_the_padded_cost_bounds_padded_memory(tmp_path) -> None:
     report = plan_json(str(lengths), "--max-token-len", "4096", "--cost", "padded", "--compare", "on")
     assert report["settings"]["cost_model"] == "padded cost (samples x longest)"
     assert report["seqbal"]["micro_batches_per_rank"] == 7  # exact: 4 long alone, 60 short in 3
+    # the bound column is the bound of the chosen cost (7), not the token bound ceildiv(24000, 4096) = 6
+    assert report["seqbal"]["ranks"][0]["packing_bound"] == 7
+    assert report["seqbal"]["ranks"][0]["ceildiv_bound"] == 6
     assert report["seqbal"]["ranks"][0]["largest_cost"] <= 4096
     assert report["seqbal"]["ranks"][0]["over_cap"] == 0
     assert report["verl_0_9"]["ranks"][0]["over_cap"] > 0  # verl plans tokens: padded memory overshoots
@@ -593,3 +630,258 @@ def test_rounding_options_reach_the_plan(tmp_path, options: list[str], expected:
 )
 def test_bad_cost_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
     assert_clean_failure(call("plan", *args), needle)
+
+
+# ---------------------------------------------------------------------------------------------
+# The verl column is verl's own code, or a re-implementation that costs what verl costs
+# ---------------------------------------------------------------------------------------------
+
+
+def _verl_code():
+    from seqbal._verl_run import load_verl
+
+    code = load_verl()
+    if code.module is None:
+        pytest.skip(code.reason)
+    return code
+
+
+def _resampled(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).choice(np.loadtxt(SAMPLE, dtype=np.int64), n)
+
+
+@pytest.mark.parametrize(
+    ("dp", "n", "cap", "group", "divisible", "minimum"),
+    [(1, 800, 4096, 1, None, None), (2, 480, 4096, 1, 3, None), (4, 640, 16384, 8, 2, None), (3, 300, 8192, 2, None, 9)],
+)
+def test_reimplementation_partitions_like_verl(dp, n, cap, group, divisible, minimum):
+    """Same micro-batches as verl 0.9.1's rearrange_micro_batches, synced ranks included; the
+    one pass of verl <= 0.8 likewise with verl's KK and with the re-implemented one."""
+    from seqbal._verl_run import one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli import _OneTorchThread, split_over_ranks
+
+    code = _verl_code()
+    lengths = np.loadtxt(SAMPLE, dtype=np.int64) if n == 800 else _resampled(n, n)
+    split = split_over_ranks(lengths, dp, group_size=group, seed=1)
+    options = dict(force_group_size=group, num_batches_divided_by=divisible, min_num_micro_batch=minimum)
+    with _OneTorchThread():
+        theirs = verl_strict_loop(code, split.lengths, cap, **options)
+        ours = reimplemented_strict_loop(split.lengths, cap, **options)
+        old_theirs, _ = one_pass_0_8(code, split.lengths, cap, **options)
+        old_ours, _ = one_pass_0_8(None, split.lengths, cap, **options)
+    assert theirs.errors == [None] * dp and theirs.parts is not None
+    assert ours.parts == theirs.parts  # the same micro-batches, in verl's pipeline order
+    assert (ours.passes, ours.all_reduces) == (theirs.passes, theirs.all_reduces)
+    assert old_ours.parts == old_theirs.parts and old_ours.count == old_theirs.count
+    if n == 800:
+        assert (len(theirs.parts[0]), theirs.passes) == (96, 3)
+
+
+def _median_ratio(first, second, rounds: int) -> float:
+    """Median over rounds of time(second) / time(first), the two run back to back each round."""
+    import time
+
+    ratios = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        first()
+        middle = time.perf_counter()
+        second()
+        ratios.append((time.perf_counter() - middle) / (middle - start))
+    return sorted(ratios)[len(ratios) // 2]
+
+
+def test_reimplementation_costs_what_verl_costs_side_by_side():
+    """The fallback must not be a faster verl: within 2x of verl's own call on the same lengths,
+    both ways (the median of 5 back-to-back rounds; typical ratio 0.8-1.2 on a busy machine)."""
+    from seqbal._verl_run import reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli import _OneTorchThread
+
+    code = _verl_code()
+    ranks = [_resampled(400, 7), _resampled(400, 8)]  # 2 synced ranks, 47 micro-batches, 2-3 passes
+    with _OneTorchThread():
+        ratio = _median_ratio(lambda: verl_strict_loop(code, ranks, 4096),
+                              lambda: reimplemented_strict_loop(ranks, 4096), rounds=5)
+    assert 0.5 <= ratio <= 2.0, ratio
+
+
+def test_fallback_in_its_own_process_costs_what_verl_costs():
+    """As the CLI runs them: verl's code in a process that imported verl; the re-implementation in
+    one where verl is absent. Each times 3 calls on the same lengths; medians within 2x."""
+    _verl_code()
+    script = (
+        "import sys, time, numpy as np\n"
+        "{hide}"
+        "from seqbal._verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop\n"
+        "from seqbal.cli import _OneTorchThread\n"
+        "rng = np.random.default_rng(7)\n"
+        f"lengths = rng.choice(np.loadtxt({str(SAMPLE)!r}, dtype=np.int64), 600)\n"
+        "code = load_verl()\n"
+        "run = (lambda: verl_strict_loop(code, [lengths], 4096)) if code.module else (lambda: reimplemented_strict_loop([lengths], 4096))\n"
+        "times = []\n"
+        "with _OneTorchThread():\n"
+        "    for _ in range(3):\n"
+        "        times.append(run().seconds)\n"
+        "print(sorted(times)[1], code.module is not None)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    seconds = {}
+    for hide in ("", "sys.modules['verl'] = None\n"):
+        done = subprocess.run([sys.executable, "-c", script.format(hide=hide)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        value, used_verl = done.stdout.split()
+        assert used_verl == ("True" if not hide else "False")
+        seconds[used_verl] = float(value)
+    ratio = seconds["False"] / seconds["True"]
+    assert 0.5 <= ratio <= 2.0, seconds
+
+
+def test_report_says_which_verl_ran(monkeypatch):
+    import seqbal.cli as cli
+    from seqbal._verl_run import VerlCode
+
+    real = plan_json("--dp", "2", "--max-token-len", "16384")
+    assert real["verl_0_9"]["ran"] in ("verl", "reimplementation")
+    if real["verl_0_9"]["ran"] == "verl":
+        assert real["verl_0_9"]["verl_version"] == "0.9.1"
+        assert real["verl_0_9"]["implementation"].startswith("verl 0.9.1's own rearrange_micro_batches")
+    monkeypatch.setattr(cli, "load_verl", lambda: VerlCode(reason="verl is not installed"))
+    text = call("plan", "--dp", "2", "--max-token-len", "16384").stdout
+    flat = " ".join(text.split())
+    assert "verl >= 0.9 ran: seqbal's re-implementation of verl 0.9.1's rearrange_micro_batches" in flat
+    assert "(verl is not installed)" in flat
+    assert "verl <= 0.8 ran: seqbal's re-implementation of verl's Karmarkar-Karp" in flat
+    fallback = plan_json("--dp", "2", "--max-token-len", "16384")
+    assert fallback["verl_0_9"]["ran"] == "reimplementation"
+    for key in ("micro_batches_per_rank", "kk_passes", "all_reduces"):
+        assert fallback["verl_0_9"][key] == real["verl_0_9"][key], key
+    assert fallback["verl_0_8"]["micro_batches_per_rank"] == real["verl_0_8"]["micro_batches_per_rank"]
+
+
+def test_verl_asserts_on_one_rank_and_leaves_the_other_waiting():
+    """What the report says of an impossible input, checked on verl's own code: the rank with a
+    sample over the cap raises before the first all-reduce, the other is left waiting in it;
+    seqbal raises on every rank."""
+    from seqbal import MicroBatchPlanError, plan_data_parallel
+    from seqbal._verl_run import verl_strict_loop
+    from seqbal.cli import IMPOSSIBLE_INPUT
+
+    code = _verl_code()
+    run_ = verl_strict_loop(code, [np.array([5000, 10]), np.array([10, 10])], 4096)
+    assert run_.errors[0].startswith("AssertionError: max_token_len must be greater than the sequence length")
+    assert run_.left_waiting == [1] and run_.all_reduces == 1  # rank 1 entered the count all-reduce
+    assert "AssertionError on the rank that holds it, before its first all-reduce" in IMPOSSIBLE_INPUT["verl"]
+    with pytest.raises(MicroBatchPlanError, match="exceeds max_token_len"):
+        plan_data_parallel([np.array([5000, 10]), np.array([10, 10])], 4096)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small things a user trips on
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["plan", "--dp", "0"], ["plan", "--max-token-len", "100"], ["plan", "no/such/file.txt"], [],
+     ["plan", "--min-micro-batches", "801", "--compare", "off"]],
+    ids=["argparse", "over-cap", "missing-file", "no-command", "library"],
+)
+def test_every_error_has_the_one_prefix(args):
+    from seqbal.cli import ERROR_PREFIX
+
+    result = call(*args)
+    assert result.returncode == 2
+    assert ERROR_PREFIX == "seqbal: error:"
+    assert result.stderr.startswith("seqbal: error: ") and "seqbal plan: error" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "tokens", "needle"),
+    [("5.0\n7\n4e1\n", 52, None), ("5\n5.5\n", None, "lengths.txt:2: expected an integer length, got 5.5"),
+     ("5\nnan\n", None, "lengths.txt:2: expected an integer length, got nan"),
+     ("5\n-2.0\n", None, "lengths.txt:2: negative length -2")],
+)
+def test_text_floats_are_read_like_parquet_floats(tmp_path, content, tokens, needle):
+    """Integral floats are lengths in every format; others are errors naming the line or row."""
+    path = tmp_path / "lengths.txt"
+    path.write_text(content)
+    if needle is None:
+        assert plan_json(str(path), "--compare", "off")["input"]["tokens"] == tokens
+    else:
+        assert_clean_failure(call("plan", str(path)), needle)
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    values = [float(line) for line in content.split()]
+    table = tmp_path / "lengths.parquet"
+    pq.write_table(pa.table({"n": pa.array(values, type=pa.float64())}), table)
+    if needle is None:
+        assert plan_json(str(table), "--compare", "off")["input"]["tokens"] == tokens
+    else:
+        assert_clean_failure(call("plan", str(table)), "row 1", needle.split(": ", 1)[1].split(",")[0])
+
+
+def _run_with_stderr_on_a_terminal(*args: str) -> tuple[int, str, str]:
+    import pty
+
+    leader, follower = pty.openpty()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "seqbal", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    out, _ = process.communicate(timeout=300)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closes with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return process.returncode, out, b"".join(chunks).decode()
+
+
+def test_progress_goes_to_a_terminal_stderr_only():
+    code, out, terminal = _run_with_stderr_on_a_terminal("plan", "--json", "--compare", "off")
+    assert code == 0
+    json.loads(out)  # standard output is the report only
+    assert "seqbal: reading the shipped sample ..." in terminal
+    assert "seqbal: planning 800 samples with seqbal ..." in terminal
+    assert terminal.endswith("\r\x1b[K")  # the line is erased at the end
+    piped = run("plan", "--json", "--compare", "off")
+    assert piped.returncode == 0 and piped.stderr == ""  # nothing in a pipe
+
+
+def test_plot_legend_sits_outside_the_bars():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from seqbal.cli import plot_figure
+
+    report = plan_json("--dp", "8")
+    figure = plot_figure(report, 4096)
+    try:
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        for axis in figure.axes:
+            box, legend = axis.get_window_extent(renderer), axis.get_legend().get_window_extent(renderer)
+            assert legend.x0 >= box.x1, (legend, box)  # right of the panel: covers no bar
+            assert len(axis.get_legend().get_texts()) == 9  # 8 ranks and the cap
+    finally:
+        plt.close(figure)
+
+
+def test_guide_shows_the_comparison_as_it_runs():
+    """docs/guide.md's example with verl (a no-run block: its output depends on verl being
+    installed) is the command's real output, planning times aside."""
+    _verl_code()
+    guide = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    match = re.search(r"```bash no-run\nseqbal plan --dp 2\n```\n\n```text\n(.*?)```", guide, re.S)
+    assert match, "the example is in the guide"
+    duration = re.compile(r"\b\d+(\.\d+)? (ms|s)\b")
+    result = call("plan", "--dp", "2")
+    assert result.returncode == 0, result.stderr
+    assert duration.sub("<time>", result.stdout.rstrip("\n")) == duration.sub("<time>", match.group(1).rstrip("\n"))
