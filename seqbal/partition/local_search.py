@@ -212,7 +212,10 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
     light_work, light_items = state.work_ranked(light)
-    if not light_items:
+    if not light_items or min(map(work_of.__getitem__, heavy_items)) - light_work[-1] >= diff:
+        # Every heavy item outweighs every light one by diff or more, so no swap improves the
+        # pair: most pairings that fail end here (a heavy part of long sequences against light
+        # parts of short ones), before the per-item search.
         return False
     count, lightest, half = len(light_items), light_work[0], diff / 2
     bisect_left = bisect.bisect_left
