@@ -240,29 +240,28 @@ class DPSchedule:
         }
 
 
-#: How many divisors below the largest candidate :func:`_largest_fitting_divisor` checks one by one.
-_DIVISOR_PROBES = 64
-
-
 def _largest_fitting_divisor(floor: int, dp_size: int, divisor: int, num_groups: int) -> Optional[int]:
-    """A divisor ``d <= divisor`` with ``roundup_divisible(floor, dp_size * d) <= num_groups``, the
-    largest one where it can be told without a scan; None if none exists. O(1).
+    """The largest ``d <= divisor`` with ``roundup_divisible(floor, dp_size * d) <= num_groups``, or
+    None if none exists. O(sqrt(num_groups / dp_size)), whatever ``divisor`` is.
 
-    Where ``dp_size * d >= floor`` the rounded count is ``dp_size * d``, so the largest such ``d``
-    is ``min(divisor, num_groups // dp_size)``. Below that, the count lies in
-    ``[floor, floor + dp_size * d)``: every ``d <= (num_groups - floor + 1) // dp_size`` fits, and the
-    :data:`_DIVISOR_PROBES` divisors above that bound are checked one by one.
+    With ``m = dp_size * d`` and ``q = ceildiv(floor, m)``, ``d`` fits exactly when some ``q``
+    has ``q * m <= num_groups`` and ``q * m >= floor``. For a given ``q`` the largest ``d`` is
+    ``min(divisor, num_groups // (q * dp_size))``, which never grows with ``q``: so the answer is
+    that ``d`` for the smallest ``q`` where it fits. ``d`` takes one value over a run of ``q``,
+    and ``q * m >= floor`` is easiest at the run's largest ``q``, so each run is tried once:
+    ``O(sqrt(num_groups / dp_size))`` runs, instead of one try per divisor (hours at ``2**40``).
     """
     if floor > num_groups:
         return None  # every multiple of anything is at least floor
-    high = min(divisor, num_groups // dp_size)
-    if high >= 1 and dp_size * high >= floor:
-        return high
-    safe = min(high, (num_groups - floor + 1) // dp_size)
-    for d in range(high, max(safe, high - _DIVISOR_PROBES, 0), -1):
-        if roundup_divisible(floor, dp_size * d) <= num_groups:
+    q = max(1, num_groups // (dp_size * divisor))
+    while True:
+        d = min(divisor, num_groups // (q * dp_size))
+        if d < 1:
+            return None
+        q = num_groups // (d * dp_size)  # the largest q that still allows this d
+        if q * d * dp_size >= floor:
             return d
-    return safe if safe >= 1 else None
+        q += 1
 
 
 def _too_few_groups(
