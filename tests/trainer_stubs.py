@@ -24,7 +24,14 @@ def _module(name: str, **attributes) -> None:
 
 
 def stub_openrlhf_gpu_modules() -> None:
-    """Register the stand-ins (idempotent). Call before importing OpenRLHF's experience maker."""
+    """Register the stand-ins (idempotent). Call before importing OpenRLHF's experience maker.
+
+    Raises:
+        ImportError: OpenRLHF is absent (then nothing is registered, so no other test sees a
+            stand-in).
+    """
+    import openrlhf.trainer  # noqa: F401 - the real package first: no stand-ins without OpenRLHF
+
     try:
         import flash_attn  # noqa: F401 - the real one, where it exists
     except ImportError:
@@ -35,7 +42,5 @@ def stub_openrlhf_gpu_modules() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        import openrlhf.trainer  # noqa: F401 - the real package, then an empty ray subpackage
-
         _module("openrlhf.trainer.ray")
         _module("openrlhf.trainer.ray.launcher", RayActorGroup=object)
