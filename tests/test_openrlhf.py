@@ -28,9 +28,9 @@ CAP = 4096
 try:
     import torch
 
-    from .trainer_stubs import stub_openrlhf_gpu_modules
+    from .trainer_stubs import import_openrlhf_modules
 
-    stub_openrlhf_gpu_modules()
+    import_openrlhf_modules()
     import openrlhf.trainer.ppo_utils.experience_maker as experience_maker
     import openrlhf.trainer.ppo_utils.replay_buffer as replay_buffer
     from openrlhf.trainer.ppo_utils.experience import Experience
@@ -169,7 +169,7 @@ def _training_rank(rank, world, init_file, out_dir):
 
     import torch.distributed as dist
 
-    stub_openrlhf_gpu_modules()
+    import_openrlhf_modules()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     args = NS(
         train=NS(batch_size=32 * world, max_tokens_per_gpu=CAP),
