@@ -1,0 +1,155 @@
+"""Make a running AReaL micro-batch with seqbal: one call, :func:`install`, and :func:`uninstall`.
+
+AReaL 1.0.4 splits every training batch with ``areal.utils.data.split_padded_tensor_dict_into_mb_list``
+(the FSDP, Megatron and Archon engines, the PPO actor and critic), which looks up
+``allocate_balanced_mbs_synced(mb_spec, lens, group=None)`` as a module global. AReaL's own
+agrees on the count by repeated ``all_gather_object`` (one more gather per disagreement), and an
+over-cap sample on one rank raises ``RuntimeError`` there while its peers wait in the gather
+until the process-group timeout.
+
+:func:`install` rebinds ``allocate_balanced_mbs_synced`` in ``areal.utils.data`` and, by
+identity, in every loaded module that copied it (AReaL 1.0.4 has none; a user's
+``from areal.utils.data import allocate_balanced_mbs_synced`` is reached too) to
+:func:`allocate_balanced_mbs_synced`, which plans with :func:`seqbal.plan_micro_batches`:
+``mb_spec.max_tokens_per_mb`` is the hard cap, ``mb_spec.n_mbs`` the minimum count,
+``mb_spec.n_mbs_divisor`` the divisor, and ``group=None`` the default group (as AReaL's
+``all_gather_object`` takes it) once torch.distributed is initialised. Two all-reduces, and an
+error on any rank is a ``ValueError`` on every rank. ``mb_spec.packing_algorithm`` ("ffd",
+"kk") is not used: seqbal's partitioner replaces both.
+
+AReaL is imported only when :func:`install` runs; without it, ``install()`` raises an
+``ImportError`` that says so. :func:`uninstall` restores AReaL's function wherever seqbal's
+wrapper is still bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from typing import Any, Iterator, Optional, Sequence
+
+from ._patching import Patch, undo_all
+
+__all__ = ["install", "uninstall", "installed", "is_installed", "allocate_balanced_mbs_synced"]
+
+#: The AReaL module whose function seqbal replaces, and the function's name.
+AREAL_MODULE = "areal.utils.data"
+_NAME = "allocate_balanced_mbs_synced"
+
+_patches: list[Patch] = []
+_wrappers: dict[str, Any] = {}
+
+
+def _wrapper() -> Any:
+    if _NAME not in _wrappers:
+        _wrappers[_NAME] = functools.wraps(allocate_balanced_mbs_synced)(
+            lambda *args, **kwargs: allocate_balanced_mbs_synced(*args, **kwargs)
+        )
+    return _wrappers[_NAME]
+
+
+def install() -> list[tuple[str, str]]:
+    """Make the running AReaL plan its micro-batches with seqbal. Idempotent. Call it in every
+    training process (each engine rank) before training. O(loaded modules x their attributes).
+
+    Returns:
+        the ``(module, attribute)`` pairs that now point to seqbal.
+
+    Raises:
+        ImportError: AReaL is not installed (or ``areal.utils.data`` fails to import).
+
+    Examples:
+        >>> from seqbal.integrations import areal as seqbal_areal
+        >>> seqbal_areal.install()  # doctest: +SKIP
+        [('areal.utils.data', 'allocate_balanced_mbs_synced')]
+    """
+    try:
+        module = importlib.import_module(AREAL_MODULE)
+    except ImportError as error:
+        raise ImportError(
+            f"seqbal.integrations.areal needs AReaL (tested with areal 1.0.4): importing {AREAL_MODULE} failed "
+            f"with {type(error).__name__}: {error}"
+        ) from error
+    if not _patches and vars(module)[_NAME] is not _wrapper():
+        _patches.append(Patch(module, _NAME, _wrapper(), everywhere=True))
+    changed = []
+    for patch in _patches:
+        changed.extend(patch.apply())
+    return changed
+
+
+def uninstall() -> list[tuple[str, str]]:
+    """Undo :func:`install`; does nothing if seqbal is not installed.
+
+    Returns:
+        the ``(module, attribute)`` pairs that point to AReaL's function again.
+    """
+    changed = undo_all(_patches)
+    _patches.clear()
+    return changed
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall`."""
+    return bool(_patches)
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[list[tuple[str, str]]]:
+    """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
+    it was not installed before the block)."""
+    was_installed = is_installed()
+    changed = install()
+    try:
+        yield changed
+    finally:
+        if not was_installed:
+            uninstall()
+
+
+def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optional[Any] = None) -> list[list[int]]:
+    """AReaL's ``allocate_balanced_mbs_synced`` with seqbal's plan.
+
+    Args:
+        mb_spec: AReaL's ``MicroBatchSpec`` (any object with ``max_tokens_per_mb``, ``n_mbs``
+            and ``n_mbs_divisor``): the cap, the minimum count (None: 1), the divisor
+            (None: 1).
+        lens: tokens of each unit to place (AReaL passes the sums of ``granularity`` adjacent
+            sequences): a list, NumPy array or 1-D tensor.
+        group: the ranks that must run the same count; None is the default group. Without an
+            initialised torch.distributed, the plan is local.
+
+    Returns:
+        The micro-batches as ascending index lists into ``lens``, sorted (as AReaL returns
+        them); every one within the cap, the count equal on every rank of the group.
+
+    Raises:
+        ValueError: (:class:`seqbal.MicroBatchPlanError`) a unit over the cap, a count that
+            cannot be formed, or an invalid spec, on any rank: every rank raises together.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> spec = SimpleNamespace(max_tokens_per_mb=8, n_mbs=1, n_mbs_divisor=2)
+        >>> allocate_balanced_mbs_synced(spec, [3, 5, 2, 6])
+        [[0, 1], [2, 3]]
+    """
+    from ..plan import plan_micro_batches
+
+    dp_group = group
+    if group is None:
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch ships torch.distributed
+            dist = None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dp_group = dist.group.WORLD
+    parts = plan_micro_batches(
+        lens,
+        mb_spec.max_tokens_per_mb,
+        dp_group=dp_group,
+        num_batches_divided_by=getattr(mb_spec, "n_mbs_divisor", None),
+        min_num_micro_batch=getattr(mb_spec, "n_mbs", None),
+        use_dynamic_bsz_balance=False,
+    )
+    return sorted(parts)
