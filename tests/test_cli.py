@@ -9,15 +9,17 @@ import os
 import re
 import subprocess
 import sys
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 from .invariants import assert_plan_invariants
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "seqbal" / "data" / "qwen25math_cot_rollouts.txt"
+SAMPLE = Path(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"))  # the installed package's copy
 
 
 def run(*args: str, python_prefix: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

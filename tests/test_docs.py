@@ -23,9 +23,11 @@ import io
 import json
 import re
 import shlex
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +49,7 @@ def blocks(path: Path) -> list[tuple[str, str, int]]:
 
 def _fixture_files(directory: Path) -> None:
     """Files the docs' shell examples name, built from the shipped sample."""
-    lengths = np.loadtxt(ROOT / "seqbal" / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)
+    lengths = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=np.int64)
     np.savetxt(directory / "lengths.txt", lengths, fmt="%d")
     np.save(directory / "lengths.npy", lengths)
     with (directory / "rollouts.jsonl").open("w") as handle:
