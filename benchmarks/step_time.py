@@ -36,6 +36,8 @@ Grid: every real length list (``seqbal/data`` and ``/work/shared/data/lengths``)
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import platform
 import statistics
 import sys
@@ -192,33 +194,49 @@ VERL = "verl 0.9.1 (driver balance + its rearrange_micro_batches loop)"
 PER_RANK_ROUTE = "per rank (verl's driver balance + seqbal.plan_micro_batches)"
 
 
+def run_case(case: tuple[str, int, int, int, bool]) -> list[dict]:
+    """Every route on one case (file, dp, samples per rank, cap, with verl): one row per route."""
+    name, dp, n_rank, cap, with_verl = case
+    data = np.loadtxt(length_files()[name], dtype=np.int64)
+    lengths = global_batch(length_files()[name], dp * n_rank, cap)
+    bound = -(-(-(-int(lengths.sum()) // cap)) // dp)
+    packing = -(-packing_lower_bound(lengths, cap) // dp)
+    rows = []
+    for route, fn in ROUTES.items():
+        if route == VERL and not with_verl:
+            continue
+        start = time.perf_counter()
+        ranks = fn(lengths, dp, cap)
+        seconds = time.perf_counter() - start
+        per_mb, per_step = efficiency(lengths, ranks)
+        rows.append(dict(
+            file=name, dp=dp, per_rank=n_rank, cap=cap, clipped=bool(data.max() > cap), route=route, per_mb=per_mb,
+            per_step=per_step, count=len(ranks[0]), bound=bound, packing_bound=packing, seconds=seconds,
+        ))
+    return rows
+
+
 def run_grid(
     names: Sequence[str], dps: Sequence[int], per_rank: Sequence[int], caps: Sequence[int], *, verl_all: bool,
-    log: Callable[..., None] = print,
+    jobs: int = 1, log: Callable[..., None] = print,
 ) -> list[dict]:
-    """One row per (case, route): efficiencies, count per rank, both lower bounds, seconds."""
-    files = length_files()
+    """One row per (case, route): efficiencies, count per rank, both lower bounds, seconds.
+    ``jobs > 1`` runs cases in that many processes (the planning seconds are then noisier)."""
     have_verl = verl_module() is not None
-    rows = []
-    for name in names:
-        for dp in dps:
-            for n_rank in per_rank:
-                for cap in caps:
-                    lengths = global_batch(files[name], dp * n_rank, cap)
-                    bound = -(-(-(-int(lengths.sum()) // cap)) // dp)
-                    packing = -(-packing_lower_bound(lengths, cap) // dp)
-                    for route, fn in ROUTES.items():
-                        if route == VERL and (not have_verl or (n_rank > min(per_rank) and not verl_all)):
-                            continue
-                        start = time.perf_counter()
-                        ranks = fn(lengths, dp, cap)
-                        seconds = time.perf_counter() - start
-                        per_mb, per_step = efficiency(lengths, ranks)
-                        rows.append(dict(
-                            file=name, dp=dp, per_rank=n_rank, cap=cap, route=route, per_mb=per_mb,
-                            per_step=per_step, count=len(ranks[0]), bound=bound, packing_bound=packing, seconds=seconds,
-                        ))
-                    log(f"{name} dp={dp} n/rank={n_rank} cap={cap} done", file=sys.stderr, flush=True)
+    cases = [(name, dp, n, cap, have_verl and (verl_all or n == min(per_rank)))
+             for name in names for dp in dps for n in per_rank for cap in caps]
+    rows: list[dict] = []
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            for case, result in zip(cases, pool.map(run_case, cases)):
+                rows.extend(result)
+                log(f"{case[0]} dp={case[1]} n/rank={case[2]} cap={case[3]} done", file=sys.stderr, flush=True)
+        return rows
+    for case in cases:
+        rows.extend(run_case(case))
+        log(f"{case[0]} dp={case[1]} n/rank={case[2]} cap={case[3]} done", file=sys.stderr, flush=True)
     return rows
 
 
@@ -302,6 +320,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one length list, dp 4 and 8, 256 per rank, cap 4096")
     parser.add_argument("--verl-all", action="store_true", help="verl's loop on 1,024 samples per rank too (slow)")
+    parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes for the grid")
+    parser.add_argument("--json", help="also write every row to this JSON file")
     args = parser.parse_args(argv)
     files = length_files()
     if args.quick:
@@ -313,18 +333,26 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                   ("math_test.txt", 2048, 8192)]
         rounds = 3
     started = time.perf_counter()
-    rows = run_grid(names, dps, per_rank, caps, verl_all=args.verl_all)
-    cases = len({(r["file"], r["dp"], r["per_rank"], r["cap"]) for r in rows})
+    rows = run_grid(names, dps, per_rank, caps, verl_all=args.verl_all, jobs=args.jobs)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    kept = [r for r in rows if not r["clipped"]]
+    clipped = [r for r in rows if r["clipped"]]
+    cases = len({(r["file"], r["dp"], r["per_rank"], r["cap"]) for r in kept})
     print(f"<!-- python -m benchmarks.step_time{' --quick' if args.quick else ''}: python {platform.python_version()}, "
           f"numpy {np.__version__}, {platform.machine()}, {cases} cases -->\n")
-    print(f"#### Step efficiency, {cases} cases\n")
-    print("\n".join(efficiency_table(rows)))
+    print(f"#### Step efficiency, {cases} cases (caps at or above the list's longest sample)\n")
+    print("\n".join(efficiency_table(kept)))
     print("\n#### Worst case per route\n")
-    print("\n".join(worst_cases(rows)))
+    print("\n".join(worst_cases(kept)))
     for route in ("build_dp_schedule", "build_dp_schedule(equal_samples=True)"):
-        low = below_per_rank(rows, route)
+        low = below_per_rank(kept, route)
         print(f"\n`{route}` below the per-rank route (per micro-batch sync): {len(low)} case(s)"
               + "".join(f"; {r['file']} dp {r['dp']} n {r['per_rank']} cap {r['cap']}: {r['per_mb']:.5f}" for r in low))
+    if clipped:
+        n_clipped = len({(r["file"], r["dp"], r["per_rank"], r["cap"]) for r in clipped})
+        print(f"\n#### Clipped cases: {n_clipped} with samples longer than the cap, clipped to it\n")
+        print("\n".join(efficiency_table(clipped)))
     print("\n#### Planning time per call, one rank's batch (`rearrange_micro_batches`, median of "
           f"{rounds} round(s))\n")
     print("\n".join(planning_time(timing, rounds)))
