@@ -666,6 +666,8 @@ def build_dp_schedule(
       6. place each slot's micro-batches on the ranks, one each, so that rank totals balance
          too (what a once-per-step sync, DDP, waits for), then polish the rank totals with
          group trades inside a slot that keep every slot's maximum (:func:`_polish_ranks`);
+         With at most :data:`FEW_SLOTS` micro-batches per rank, the per-rank route's partition
+         goes through steps 4-6 as well, and the one with the smaller per-micro-batch step wins;
       7. order the slots, the same on every rank: with ``use_dynamic_bsz_balance`` the rule of
          :func:`seqbal.plan_micro_batches` (slots sorted by workload descending, then
          ``parts[::2][::-1] + parts[1::2]``: light slots at both ends for pipeline bubbles),
@@ -828,14 +830,43 @@ def build_dp_schedule(
 
     # Cut the micro-batches into slots of similar work, even out each slot with group moves and
     # swaps, then place each slot's micro-batches on ranks so that rank totals are even too.
-    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
-    slots = _slots_from_bins(parts, _part_sums(group_work, parts), dp_size)
-    parts = _even_slots(parts, slots, group_tokens, group_work, capacity, moves=True)
-    bin_work = _part_sums(group_work, parts)
-    grid = _ranks_within_slots(slots, bin_work, dp_size)
-    parts = _polish_ranks(parts, grid, group_tokens, group_work, capacity, moves=True)
+    parts, grid = _aligned(parts, group_tokens, group_work, capacity, dp_size)
+    if dp_size > 1 and count // dp_size <= FEW_SLOTS:
+        # With few slots each one weighs a lot, and the slot evening can stall a few millionths
+        # short of the per-rank route (split first, pack each share): align that one as well
+        # (cheap here) and keep whichever has the faster per-micro-batch step.
+        alternative = _per_rank_candidate(
+            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+        )
+        if alternative is not None and len(alternative) == count:
+            other = _aligned(alternative, group_tokens, group_work, capacity, dp_size)
+            if _slot_cost(other[0], other[1], group_work) < _slot_cost(parts, grid, group_work):
+                parts, grid = other
     bin_work = _part_sums(group_work, parts)
     return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
+
+
+#: Up to this many micro-batches per rank, build_dp_schedule also aligns the per-rank route's
+#: partition and keeps the better of the two (see :func:`build_dp_schedule`, step 3).
+FEW_SLOTS = 16
+
+
+def _aligned(
+    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
+    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
+    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
+    parts = _even_slots(parts, slots, tokens, work, capacity, moves=True)
+    grid = _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
+    parts = _polish_ranks(parts, grid, tokens, work, capacity, moves=True)
+    return parts, grid
+
+
+def _slot_cost(parts: list[list[int]], grid: list[list[int]], work: np.ndarray) -> tuple[int, int]:
+    """(sum over slots of the heaviest bin, heaviest rank total): the two step times, in order."""
+    cells = _part_sums(work, parts)[np.asarray(grid, dtype=np.int64)]
+    return int(cells.max(axis=1).sum()), int(cells.sum(axis=0).max())
 
 
 def _group_maxima(values: np.ndarray, groups: list[list[int]], sizes: np.ndarray) -> np.ndarray:
