@@ -336,9 +336,28 @@ def _too_few_groups(
 SLOT_CLOSE_ENOUGH = 1.00001
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
 #: the most room below their own slot's maximum: past the few roomiest a trade rarely fits.
-SLOT_PARTNERS = 16
+SLOT_PARTNERS = 8
 #: Passes over all slots; a pass that changes nothing ends the evening early.
 SLOT_PASSES = 3
+
+
+#: Groups of one bin a trade looks at, at most: beyond it, evenly spaced ranks of the bin's
+#: groups by workload (a bin of thousands of short samples would make a step quadratic in them).
+TRADE_ITEMS = 24
+#: Trades per slot per pass, at most.
+SLOT_STEPS = 64
+#: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
+#: O(slots) vectorised steps whatever the data.
+SLOT_BUDGET_PER_SLOT = 8
+
+
+def _some(items: list[int], work: np.ndarray) -> list[int]:
+    """``items``, or :data:`TRADE_ITEMS` of them at evenly spaced workload ranks. O(s log s)."""
+    if len(items) <= TRADE_ITEMS:
+        return items
+    array = np.asarray(items, dtype=np.int64)
+    ranked = array[np.argsort(work[array], kind="stable")]
+    return ranked[np.unique((np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1))].tolist()
 
 
 def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -383,6 +402,12 @@ def _even_slots(
         slot_of[slot] = index
     grid = [np.asarray(slot, dtype=np.int64) for slot in slots]
     big = np.iinfo(np.int64).min
+    cache: dict[int, list[int]] = {}  # bin -> the groups trades look at, until the bin changes
+
+    def picked(b: int) -> list[int]:
+        if b not in cache:
+            cache[b] = _some(parts[b], work)
+        return cache[b]
 
     def trade(s: int) -> bool:
         slot = grid[s]
@@ -403,9 +428,10 @@ def _even_slots(
         partners += others.tolist()
         if not partners:
             return False
-        p_items = np.asarray([g for b in partners for g in parts[b]], dtype=np.int64)
-        p_bins = np.asarray([b for b in partners for _ in parts[b]], dtype=np.int64)
-        h_items = np.asarray(parts[heavy], dtype=np.int64)
+        chosen = {b: picked(b) for b in partners}
+        p_items = np.asarray([g for b in partners for g in chosen[b]], dtype=np.int64)
+        p_bins = np.asarray([b for b in partners for _ in chosen[b]], dtype=np.int64)
+        h_items = np.asarray(picked(heavy), dtype=np.int64)
         h_work, h_tok = work[h_items], tokens[h_items]
         same = slot_of[p_bins] == s
         # what the slot's maximum is without the heavy bin and the partner
@@ -421,7 +447,7 @@ def _even_slots(
             return np.where(ok & ((gain > 0) | tie), gain, big)
 
         best = None  # (gain, delta, kind, i, j)
-        if len(h_items) > 1 and moves:
+        if len(parts[heavy]) > 1 and moves:
             delta = np.broadcast_to(h_work[:, None], (len(h_items), len(p_items)))
             first = np.zeros(len(p_items), dtype=bool)  # one column per partner bin for moves
             first[np.unique(p_bins, return_index=True)[1]] = True
@@ -448,6 +474,8 @@ def _even_slots(
         exchanges = [(group, heavy, target)]
         if kind == 1:
             exchanges.append((int(p_items[j]), target, heavy))
+        cache.pop(heavy, None)
+        cache.pop(target, None)
         for g, src, dst in exchanges:
             parts[src].remove(g)
             parts[dst].append(g)
@@ -459,15 +487,17 @@ def _even_slots(
 
     if all(len(slot) < 2 for slot in slots):
         return parts
+    budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
     for _ in range(SLOT_PASSES):
         excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
         changed = False
         for s in sorted(range(len(grid)), key=lambda s: (-excess[s], s)):
-            for _ in range(4 * sum(len(parts[b]) for b in grid[s]) + 16):
-                if not trade(s):
+            for _ in range(min(4 * sum(len(parts[b]) for b in grid[s]) + 16, SLOT_STEPS)):
+                budget -= 1
+                if budget < 0 or not trade(s):
                     break
                 changed = True
-        if not changed:
+        if not changed or budget < 0:
             break
     return [sorted(p) for p in parts]
 
@@ -511,7 +541,7 @@ def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int
 
 
 #: Steps of the rank polish per rank (see :func:`_polish_ranks`).
-POLISH_STEPS_PER_RANK = 8
+POLISH_STEPS_PER_RANK = 4
 
 
 def _polish_ranks(
@@ -529,7 +559,7 @@ def _polish_ranks(
 
     Each step applies, over all slots, the trade whose shift is nearest to half the two ranks'
     gap (and below the gap); at most ``POLISH_STEPS_PER_RANK * dp`` steps, stopping when no
-    trade narrows the gap. The per-micro-batch step time cannot get worse; the per-step one
+    trade narrows the gap or the heaviest rank is within :data:`SLOT_CLOSE_ENOUGH` of the mean. The per-micro-batch step time cannot get worse; the per-step one
     gets better. ``moves=False``: swaps only. O(steps * t * s^2) vectorised, ``s`` groups per bin.
     """
     dp = len(grid[0]) if grid else 0
@@ -543,7 +573,7 @@ def _polish_ranks(
         totals = bin_work[cells].sum(axis=0)
         heavy, light = int(np.argmax(totals)), int(np.argmin(totals))
         diff = int(totals[heavy] - totals[light])
-        if diff <= 0:
+        if diff <= 0 or totals[heavy] <= SLOT_CLOSE_ENOUGH * float(totals.mean()):
             break
         maxima = bin_work[cells].max(axis=1)
         best: Optional[tuple[int, int, int, int, int]] = None  # (gap, slot, kind, group out, group in)
@@ -552,10 +582,10 @@ def _polish_ranks(
             allowance = int(maxima[slot] - bin_work[b])
             if allowance <= 0:
                 continue
-            a_items = np.asarray(parts[a], dtype=np.int64)
-            b_items = np.asarray(parts[b], dtype=np.int64)
+            a_items = np.asarray(_some(parts[a], work), dtype=np.int64)
+            b_items = np.asarray(_some(parts[b], work), dtype=np.int64)
             limit = min(allowance, diff - 1)
-            if moves and len(a_items) > 1:
+            if moves and len(parts[a]) > 1:
                 w = work[a_items]
                 ok = (w > 0) & (w <= limit) & (tokens[a_items] <= capacity - bin_tokens[b])
                 if ok.any():
@@ -666,7 +696,8 @@ def build_dp_schedule(
       6. place each slot's micro-batches on the ranks, one each, so that rank totals balance
          too (what a once-per-step sync, DDP, waits for), then polish the rank totals with
          group trades inside a slot that keep every slot's maximum (:func:`_polish_ranks`);
-         With at most :data:`FEW_SLOTS` micro-batches per rank, the per-rank route's partition
+         With at most :data:`FEW_SLOTS` micro-batches per rank (and at most
+         :data:`FEW_SLOTS_MAX_GROUPS` groups), the per-rank route's partition
          goes through steps 4-6 as well, and the one with the smaller per-micro-batch step wins;
       7. order the slots, the same on every rank: with ``use_dynamic_bsz_balance`` the rule of
          :func:`seqbal.plan_micro_batches` (slots sorted by workload descending, then
@@ -831,7 +862,7 @@ def build_dp_schedule(
     # Cut the micro-batches into slots of similar work, even out each slot with group moves and
     # swaps, then place each slot's micro-batches on ranks so that rank totals are even too.
     parts, grid = _aligned(parts, group_tokens, group_work, capacity, dp_size)
-    if dp_size > 1 and count // dp_size <= FEW_SLOTS:
+    if dp_size > 1 and count // dp_size <= FEW_SLOTS and len(groups) <= FEW_SLOTS_MAX_GROUPS:
         # With few slots each one weighs a lot, and the slot evening can stall a few millionths
         # short of the per-rank route (split first, pack each share): align that one as well
         # (cheap here) and keep whichever has the faster per-micro-batch step.
@@ -849,6 +880,8 @@ def build_dp_schedule(
 #: Up to this many micro-batches per rank, build_dp_schedule also aligns the per-rank route's
 #: partition and keeps the better of the two (see :func:`build_dp_schedule`, step 3).
 FEW_SLOTS = 16
+#: ... and at most this many groups (the per-rank route costs ``dp_size`` capped searches).
+FEW_SLOTS_MAX_GROUPS = 4096
 
 
 def _aligned(
