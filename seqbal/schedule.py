@@ -336,7 +336,7 @@ def _too_few_groups(
 SLOT_CLOSE_ENOUGH = 1.00001
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
 #: the most room below their own slot's maximum: past the few roomiest a trade rarely fits.
-SLOT_PARTNERS = 8
+SLOT_PARTNERS = 16
 #: Passes over all slots; a pass that changes nothing ends the evening early.
 SLOT_PASSES = 3
 
@@ -348,7 +348,7 @@ TRADE_ITEMS = 24
 SLOT_STEPS = 64
 #: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
 #: O(slots) vectorised steps whatever the data.
-SLOT_BUDGET_PER_SLOT = 8
+SLOT_BUDGET_PER_SLOT = 64
 
 
 def _some(items: list[int], work: np.ndarray) -> list[int]:
