@@ -14,8 +14,21 @@ packs; the ranks must then all run the count of the *worst-packing* rank, and it
 waste is paid on every rank. Packing the whole batch under the cap first uses the slack of all
 ranks together, so the count per rank is ``ceil(global bins / dp_size)`` instead of the maximum
 of the per-rank counts: never more, and fewer on heavy-tailed data where one rank's few long
-samples would otherwise force extra micro-batches on everybody. The bins are then handed out in
-equal numbers per rank, balanced on workload (Karmarkar-Karp with equal sizes, then swaps).
+samples would otherwise force extra micro-batches on everybody.
+
+The bins are then handed out as **aligned slots**, not only as balanced ranks. Under FSDP every
+micro-batch gathers and scatters parameters, so ranks wait for each other at every micro-batch
+and a step costs the sum over slots of the slowest rank's micro-batch in that slot; balancing
+whole ranks (all that DDP's once-per-step all-reduce needs) leaves slot ``i`` holding unrelated
+micro-batches on different ranks. So the bins are sorted by workload and cut into slots of
+``dp_size``, each slot is evened out with group moves and swaps under the cap, each slot's bins
+are placed on ranks so that rank totals balance as well, and the slots run in the same order on
+every rank (the pipeline order of ``use_dynamic_bsz_balance``). The alternative, ordering each
+rank's micro-batches after a rank-level assignment, cannot move work between ranks any more.
+
+``equal_samples=True`` (verl dispatches equal chunks) splits the groups over ranks first, in
+equal numbers, and packs each share: the pack-first advantage is given up for equal sample
+counts, and only count-preserving swaps even the slots out.
 
 The bin count is rounded **up** to a multiple of ``dp_size * num_batches_divided_by`` (and to
 at least ``dp_size * min_num_micro_batch``), never down: a count below what the cap needs
@@ -29,7 +42,6 @@ Everything here is pure Python/NumPy on plain lengths and deterministic.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Sequence, Union
 
@@ -147,7 +159,9 @@ class DPSchedule:
         dp_size: number of data-parallel ranks.
         max_token_len: the cap every micro-batch respects.
         num_micro_batches: micro-batches per rank (the same on every rank).
-        micro_batches: per rank, per micro-batch, the global sample indices (ascending).
+        micro_batches: per rank, per micro-batch slot, the global sample indices (ascending).
+            Slot ``i`` carries similar work on every rank (see :meth:`step_efficiency`), and the
+            slots run in the same order on every rank.
         rank_indices: per rank, the global sample indices in micro-batch order, i.e. the
             concatenation of that rank's micro-batches. Send ``batch[list(rank_indices[r])]`` to
             rank ``r``; its micro-batches are then the contiguous slices of
@@ -180,7 +194,7 @@ class DPSchedule:
         """Micro-batches of ``rank`` as lists of global sample indices. O(n / dp_size).
 
         >>> build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8).rank_micro_batches(1)
-        [[2], [3, 5]]
+        [[3, 5], [2]]
         """
         return [list(mb) for mb in self.micro_batches[rank]]
 
@@ -196,6 +210,36 @@ class DPSchedule:
             result.append(list(range(offset, offset + len(mb))))
             offset += len(mb)
         return result
+
+    def step_efficiency(self) -> dict[str, float]:
+        """How close a training step on this schedule comes to perfect balance, under two sync models.
+
+        With ``W[r][i]`` the workload of rank ``r``'s ``i``-th micro-batch (sum of its samples'
+        :attr:`workloads`), ``m`` micro-batches per rank and ``limit = sum(W) / dp_size`` (the
+        step if every rank did exactly the mean work):
+
+        * ``per_micro_batch = limit / sum_i max_r W[r][i]``: ranks wait for each other at every
+          micro-batch (FSDP all-gathers and reduce-scatters parameters in every forward and
+          backward), so slot ``i`` costs its slowest rank's micro-batch;
+        * ``per_step = limit / max_r sum_i W[r][i]``: ranks sync once per step (DDP's gradient
+          all-reduce after the last micro-batch), so the step costs the slowest rank's total.
+
+        Both are in ``(0, 1]``, 1.0 is perfect, and ``per_micro_batch <= per_step``. An empty
+        workload gives 1.0. O(n).
+
+        >>> s = build_dp_schedule([5, 3, 4, 4], dp_size=2, max_token_len=8)
+        >>> s.step_efficiency()["per_step"] > 0.999
+        True
+        """
+        work = np.asarray(self.workloads, dtype=np.int64)
+        grid = np.array([[int(work[list(mb)].sum()) for mb in rank] for rank in self.micro_batches], dtype=np.float64)
+        limit = grid.sum() / self.dp_size
+        if limit <= 0:
+            return {"per_micro_batch": 1.0, "per_step": 1.0}
+        return {
+            "per_micro_batch": float(limit / grid.max(axis=0).sum()),
+            "per_step": float(limit / grid.sum(axis=1).max()),
+        }
 
     def summary(self) -> dict[str, Any]:
         """Metrics of the schedule, for logging. O(n).
@@ -297,148 +341,302 @@ def _too_few_groups(
     )
 
 
-def _assign_bins_to_ranks(bin_work: np.ndarray, dp_size: int) -> list[list[int]]:
-    """Equal numbers of bins per rank, balanced on workload: KK (equal sizes), then swaps.
+# ---------------------------------------------------------------------------------------------
+# Aligned slots: slot i of every rank carries similar work
+# ---------------------------------------------------------------------------------------------
 
-    Each swap exchanges one bin of the heaviest rank with a lighter bin of another rank when that
-    strictly lowers the larger of the pair (the exchange nearest to halving their gap); at most
-    ``4 * bins`` swaps. O(b log b + swaps * b / dp_size * log).
+#: A slot counts as even once its heaviest micro-batch is within this factor of the slot's mean:
+#: past it a step gains less than a thousandth of a percent of the step time.
+SLOT_CLOSE_ENOUGH = 1.00001
+#: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
+#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits.
+SLOT_PARTNERS = 16
+#: Passes over all slots; a pass that changes nothing ends the evening early.
+SLOT_PASSES = 3
+
+
+#: Groups of one bin a trade looks at, at most: beyond it, evenly spaced ranks of the bin's
+#: groups by workload (a bin of thousands of short samples would make a step quadratic in them).
+TRADE_ITEMS = 24
+#: Trades per slot per pass, at most.
+SLOT_STEPS = 64
+#: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
+#: O(slots) vectorised steps whatever the data.
+SLOT_BUDGET_PER_SLOT = 64
+
+
+def _some(items: list[int], work: np.ndarray) -> list[int]:
+    """``items``, or :data:`TRADE_ITEMS` of them at evenly spaced workload ranks. O(s log s)."""
+    if len(items) <= TRADE_ITEMS:
+        return items
+    array = np.asarray(items, dtype=np.int64)
+    ranked = array[np.argsort(work[array], kind="stable")]
+    return ranked[np.unique((np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1))].tolist()
+
+
+def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
+    """Bins sorted by workload (heaviest first, ties by first group), cut into slots of ``dp``.
+
+    Grouping consecutive bins of the sorted order minimises the sum over slots of the heaviest
+    bin in the slot (an exchange argument), which is the step time when ranks sync at every
+    micro-batch. O(t log t).
     """
-    ranks = karmarkar_karp(bin_work, dp_size, equal_size=True)
-    totals = _part_sums(bin_work, ranks).tolist()
-    bin_work = bin_work.tolist()  # Python ints: the loops below index it one bin at a time
-    for _ in range(4 * len(bin_work)):
-        heavy = max(range(dp_size), key=lambda r: (totals[r], -r))
-        improved = False
-        for light in sorted(range(dp_size), key=lambda r: (totals[r], r)):
-            diff = totals[heavy] - totals[light]
-            if diff <= 0:
-                break
-            light_sorted = sorted(ranks[light], key=lambda b: (bin_work[b], b))
-            light_values = [bin_work[b] for b in light_sorted]
-            best: Optional[tuple[int, int, int, int]] = None  # (gap, delta, heavy bin, light bin)
-            for a in ranks[heavy]:
-                wa = bin_work[a]
-                want = wa - diff / 2
-                centre = bisect.bisect_left(light_values, want)
-                for j in range(max(0, centre - 1), min(len(light_sorted), centre + 1)):
-                    delta = wa - light_values[j]
-                    if 0 < delta < diff:
-                        gap = abs(diff - 2 * delta)
-                        if best is None or (gap, a, light_sorted[j]) < (best[0], best[2], best[3]):
-                            best = (gap, delta, a, light_sorted[j])
-            if best is not None:
-                _, delta, a, b = best
-                ranks[heavy][ranks[heavy].index(a)] = b
-                ranks[light][ranks[light].index(b)] = a
-                totals[heavy] -= delta
-                totals[light] += delta
-                improved = True
-                break
-        if not improved:
-            break
-    return ranks
+    order = sorted(range(len(parts)), key=lambda b: (-int(bin_work[b]), parts[b][0] if parts[b] else -1))
+    return [order[start:start + dp] for start in range(0, len(order), dp)]
 
 
-#: Lightest ranks the heaviest one is paired with, in turn, per refinement step: each pairing
-#: is an O((g / dp)^2) NumPy search, and past the few lightest ranks it rarely applies.
-REFINE_PARTNERS = 4
-#: The refinement stops once the heaviest rank is within this factor of the mean rank: a step
-#: there gains thousandths of a percent at the cost of a full O((g / dp)^2) search.
-REFINE_CLOSE_ENOUGH = 1.001
-
-
-def _refine_ranks(
+def _even_slots(
     parts: list[list[int]],
-    ranks: list[list[int]],
+    slots: list[list[int]],
     tokens: np.ndarray,
     work: np.ndarray,
     capacity: int,
+    *,
+    moves: bool,
 ) -> list[list[int]]:
-    """Even out rank workloads below bin granularity: move or swap single groups between a bin
-    of the heaviest rank and a bin of a lighter rank, never breaking the cap or emptying a bin.
+    """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
+    a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
-    Each step pairs the heaviest rank with the :data:`REFINE_PARTNERS` lightest in turn and
-    applies the single move or swap (over all bin pairs of the two ranks) that brings
-    the two ranks' workloads closest to equal while strictly lowering the larger; bin counts per
-    rank never change. Stops when the heaviest rank cannot be improved, when it is within
-    :data:`REFINE_CLOSE_ENOUGH` of the mean rank, or after ``2 g + 64`` steps for g groups.
-    O(steps * (g / dp)^2) vectorised.
+    The partner is another bin of the same slot, or one of the :data:`SLOT_PARTNERS` bins of
+    other slots with the most room below their own slot's maximum (a trade that lifts such a bin
+    but not above its slot's maximum costs nothing). A step applies the trade with the largest
+    gain, the drop of this slot's maximum minus the rise of the partner slot's maximum; a trade
+    of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
+    resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
+    or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
+    passes. ``moves=False`` allows swaps only (each bin keeps its group count:
+    ``equal_samples``). Every step is O(s * (dp + SLOT_PARTNERS) * s) vectorised for ``s``
+    groups per bin.
     """
     parts = [list(p) for p in parts]
-    bin_tokens = _part_sums(tokens, parts)
-    bin_work = _part_sums(work, parts)
-    rank_work = _part_sums(bin_work, ranks)
-    dp = len(ranks)
-    if dp < 2:
+    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
+    bin_work = _part_sums(work, parts).astype(np.int64)
+    slot_of = np.empty(len(parts), dtype=np.int64)
+    for index, slot in enumerate(slots):
+        slot_of[slot] = index
+    grid = [np.asarray(slot, dtype=np.int64) for slot in slots]
+    big = np.iinfo(np.int64).min
+    cache: dict[int, list[int]] = {}  # bin -> the groups trades look at, until the bin changes
+
+    def picked(b: int) -> list[int]:
+        if b not in cache:
+            cache[b] = _some(parts[b], work)
+        return cache[b]
+
+    def trade(s: int) -> bool:
+        slot = grid[s]
+        values = bin_work[slot]
+        order = np.argsort(-values, kind="stable")
+        heavy, top = int(slot[order[0]]), int(values[order[0]])
+        second = int(values[order[1]]) if len(slot) > 1 else 0
+        third = int(values[order[2]]) if len(slot) > 2 else 0
+        if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
+            return False
+        maxima = np.array([int(bin_work[g].max()) for g in grid], dtype=np.int64)
+        room = maxima[slot_of] - bin_work
+        room[slot] = -1
+        partners = [int(b) for b in slot if b != heavy]
+        others = np.flatnonzero(room > 0)
+        if len(others) > SLOT_PARTNERS:
+            others = others[np.lexsort((others, -room[others]))[:SLOT_PARTNERS]]
+        partners += others.tolist()
+        if not partners:
+            return False
+        chosen = {b: picked(b) for b in partners}
+        p_items = np.asarray([g for b in partners for g in chosen[b]], dtype=np.int64)
+        p_bins = np.asarray([b for b in partners for _ in chosen[b]], dtype=np.int64)
+        h_items = np.asarray(picked(heavy), dtype=np.int64)
+        h_work, h_tok = work[h_items], tokens[h_items]
+        same = slot_of[p_bins] == s
+        # what the slot's maximum is without the heavy bin and the partner
+        rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
+        p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
+
+        def gains(delta: np.ndarray, ok: np.ndarray) -> np.ndarray:
+            lifted = p_value[None, :] + delta
+            same_max = np.maximum(np.maximum(top - delta, lifted), rest[None, :])
+            other_gain = top - np.maximum(top - delta, second) - np.maximum(0, lifted - p_top[None, :])
+            gain = np.where(same[None, :], top - same_max, other_gain)
+            tie = (gain == 0) & (delta > 0) & np.where(same[None, :], lifted < top, lifted <= p_top[None, :])
+            return np.where(ok & ((gain > 0) | tie), gain, big)
+
+        best = None  # (gain, delta, kind, i, j)
+        if len(parts[heavy]) > 1 and moves:
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(p_items)))
+            first = np.zeros(len(p_items), dtype=bool)  # one column per partner bin for moves
+            first[np.unique(p_bins, return_index=True)[1]] = True
+            ok = first[None, :] & (h_tok[:, None] <= (capacity - bin_tokens[p_bins])[None, :]) & (delta > 0)
+            score = gains(delta, ok)
+            flat = int(np.argmax(score))
+            if score.flat[flat] > big:
+                i, j = divmod(flat, len(p_items))
+                best = (int(score.flat[flat]), int(delta[i, j]), 0, i, j)
+        delta = h_work[:, None] - work[p_items][None, :]
+        shift = h_tok[:, None] - tokens[p_items][None, :]
+        ok = (delta > 0) & (shift <= (capacity - bin_tokens[p_bins])[None, :]) & (-shift <= capacity - bin_tokens[heavy])
+        score = gains(delta, ok)
+        flat = int(np.argmax(score))
+        if score.flat[flat] > big:
+            i, j = divmod(flat, len(p_items))
+            candidate = (int(score.flat[flat]), int(delta[i, j]), 1, i, j)
+            if best is None or candidate[:2] > best[:2]:
+                best = candidate
+        if best is None:
+            return False
+        _, _, kind, i, j = best
+        group, target = int(h_items[i]), int(p_bins[j])
+        exchanges = [(group, heavy, target)]
+        if kind == 1:
+            exchanges.append((int(p_items[j]), target, heavy))
+        cache.pop(heavy, None)
+        cache.pop(target, None)
+        for g, src, dst in exchanges:
+            parts[src].remove(g)
+            parts[dst].append(g)
+            bin_tokens[src] -= tokens[g]
+            bin_tokens[dst] += tokens[g]
+            bin_work[src] -= work[g]
+            bin_work[dst] += work[g]
+        return True
+
+    if all(len(slot) < 2 for slot in slots):
         return parts
-
-    def members(rank: int) -> tuple[np.ndarray, np.ndarray]:
-        items = [(g, b) for b in sorted(ranks[rank]) for g in parts[b]]
-        return np.array([g for g, _ in items], dtype=np.int64), np.array([b for _, b in items], dtype=np.int64)
-
-    close_enough = REFINE_CLOSE_ENOUGH * int(rank_work.sum()) / dp
-    for _ in range(2 * len(tokens) + 64):
-        heavy = int(np.argmax(rank_work))
-        if rank_work[heavy] <= close_enough:
-            break
-        order = np.lexsort((np.arange(dp), rank_work))
-        applied = False
-        for light in order.tolist()[:REFINE_PARTNERS]:
-            diff = int(rank_work[heavy] - rank_work[light])
-            if diff <= 0:
-                break
-            h_items, h_bins = members(heavy)
-            l_items, l_bins = members(light)
-            h_work, h_tok = work[h_items], tokens[h_items]
-            l_work, l_tok = work[l_items], tokens[l_items]
-            h_room = capacity - bin_tokens[h_bins]
-            l_room = capacity - bin_tokens[l_bins]
-            best: Optional[tuple[int, int, int, int]] = None  # (gap, kind, i, j)
-            # Moves: group i of a heavy bin with >1 group into the best-fitting light bin.
-            light_bins = np.array(sorted(ranks[light]), dtype=np.int64)
-            light_room = capacity - bin_tokens[light_bins]
-            movable = (h_work > 0) & (h_work < diff) & (np.array([len(parts[b]) for b in h_bins]) > 1)
-            movable &= h_tok <= light_room.max()
-            if movable.any():
-                gaps = np.abs(diff - 2 * h_work)
-                i = int(np.flatnonzero(movable)[np.argmin(gaps[movable])])
-                best = (int(gaps[i]), 0, i, -1)
-            # Swaps: group i (heavy) for group j (light), both bins stay within the cap.
-            delta = h_work[:, None] - l_work[None, :]
-            shift = h_tok[:, None] - l_tok[None, :]
-            ok = (delta > 0) & (delta < diff) & (shift <= l_room[None, :]) & (-shift <= h_room[:, None])
-            if ok.any():
-                gaps = np.where(ok, np.abs(diff - 2 * delta), np.iinfo(np.int64).max)
-                flat = int(np.argmin(gaps))
-                if best is None or int(gaps.flat[flat]) < best[0]:
-                    best = (int(gaps.flat[flat]), 1, flat // len(l_items), flat % len(l_items))
-            if best is None:
-                continue
-            _, kind, i, j = best
-            group, source = int(h_items[i]), int(h_bins[i])
-            if kind == 0:
-                fits = light_bins[light_room >= tokens[group]]
-                target = int(fits[np.argmin(capacity - bin_tokens[fits])])
-                moved_in, moved_out = [(group, source, target)], []
-            else:
-                other, target = int(l_items[j]), int(l_bins[j])
-                moved_in, moved_out = [(group, source, target)], [(other, target, source)]
-            for g, src, dst in moved_in + moved_out:
-                parts[src].remove(g)
-                parts[dst].append(g)
-                bin_tokens[src] -= tokens[g]
-                bin_tokens[dst] += tokens[g]
-                bin_work[src] -= work[g]
-                bin_work[dst] += work[g]
-            change = int(work[group]) - (int(work[moved_out[0][0]]) if moved_out else 0)
-            rank_work[heavy] -= change
-            rank_work[light] += change
-            applied = True
-            break
-        if not applied:
+    budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
+    for _ in range(SLOT_PASSES):
+        excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
+        changed = False
+        for s in sorted(range(len(grid)), key=lambda s: (-excess[s], s)):
+            for _ in range(min(4 * sum(len(parts[b]) for b in grid[s]) + 16, SLOT_STEPS)):
+                budget -= 1
+                if budget < 0 or not trade(s):
+                    break
+                changed = True
+        if not changed or budget < 0:
             break
     return [sorted(p) for p in parts]
+
+
+def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
+    """Place each slot's bins on ranks (one per rank) so that rank totals are balanced too.
+
+    Slots in order of their heaviest bin; each slot's bins, heaviest first, go to the ranks
+    lightest first (LPT across slots), then pairwise exchanges inside one slot between the
+    heaviest and the lightest rank while they narrow the gap (at most ``4 * slots``). Which bin
+    sits on which rank inside a slot does not change the per-micro-batch step time, only the
+    per-step one. Returns the grid: ``grid[s][r]`` is the bin of rank ``r`` in slot ``s``.
+    O(slots * dp log dp + exchanges * slots).
+    """
+    totals = [0] * dp
+    grid: list[list[int]] = []
+    for slot in slots:
+        row = [-1] * dp
+        lightest = sorted(range(dp), key=lambda r: (totals[r], r))
+        for rank, b in zip(lightest, sorted(slot, key=lambda b: (-int(bin_work[b]), b))):
+            row[rank] = b
+            totals[rank] += int(bin_work[b])
+        grid.append(row)
+    for _ in range(4 * len(grid)):
+        heavy = max(range(dp), key=lambda r: (totals[r], -r))
+        light = min(range(dp), key=lambda r: (totals[r], r))
+        diff = totals[heavy] - totals[light]
+        best: Optional[tuple[int, int]] = None  # (gap after, slot)
+        for s, row in enumerate(grid):
+            delta = int(bin_work[row[heavy]]) - int(bin_work[row[light]])
+            if 0 < delta < diff and (best is None or abs(diff - 2 * delta) < best[0]):
+                best = (abs(diff - 2 * delta), s)
+        if best is None:
+            break
+        row = grid[best[1]]
+        delta = int(bin_work[row[heavy]]) - int(bin_work[row[light]])
+        row[heavy], row[light] = row[light], row[heavy]
+        totals[heavy] -= delta
+        totals[light] += delta
+    return grid
+
+
+#: Steps of the rank polish per rank (see :func:`_polish_ranks`).
+POLISH_STEPS_PER_RANK = 4
+
+
+def _polish_ranks(
+    parts: list[list[int]],
+    grid: list[list[int]],
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    *,
+    moves: bool,
+) -> list[list[int]]:
+    """Even out rank totals without touching any slot's maximum: single-group moves and swaps
+    between the heaviest and the lightest rank's micro-batches of one slot, where the receiving
+    micro-batch stays at or below its slot's maximum and within the cap.
+
+    Each step applies, over all slots, the trade whose shift is nearest to half the two ranks'
+    gap (and below the gap); at most ``POLISH_STEPS_PER_RANK * dp`` steps, stopping when no
+    trade narrows the gap or the heaviest rank is within :data:`SLOT_CLOSE_ENOUGH` of the mean. The per-micro-batch step time cannot get worse; the per-step one
+    gets better. ``moves=False``: swaps only. O(steps * t * s^2) vectorised, ``s`` groups per bin.
+    """
+    dp = len(grid[0]) if grid else 0
+    if dp < 2:
+        return parts
+    parts = [list(p) for p in parts]
+    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
+    bin_work = _part_sums(work, parts).astype(np.int64)
+    cells = np.asarray(grid, dtype=np.int64)  # [slots, dp] bins
+    for _ in range(POLISH_STEPS_PER_RANK * dp):
+        totals = bin_work[cells].sum(axis=0)
+        heavy, light = int(np.argmax(totals)), int(np.argmin(totals))
+        diff = int(totals[heavy] - totals[light])
+        if diff <= 0 or totals[heavy] <= SLOT_CLOSE_ENOUGH * float(totals.mean()):
+            break
+        maxima = bin_work[cells].max(axis=1)
+        best: Optional[tuple[int, int, int, int, int]] = None  # (gap, slot, kind, group out, group in)
+        for slot in range(len(cells)):
+            a, b = int(cells[slot, heavy]), int(cells[slot, light])
+            allowance = int(maxima[slot] - bin_work[b])
+            if allowance <= 0:
+                continue
+            a_items = np.asarray(_some(parts[a], work), dtype=np.int64)
+            b_items = np.asarray(_some(parts[b], work), dtype=np.int64)
+            limit = min(allowance, diff - 1)
+            if moves and len(parts[a]) > 1:
+                w = work[a_items]
+                ok = (w > 0) & (w <= limit) & (tokens[a_items] <= capacity - bin_tokens[b])
+                if ok.any():
+                    gaps = np.where(ok, np.abs(diff - 2 * w), np.iinfo(np.int64).max)
+                    i = int(np.argmin(gaps))
+                    if best is None or int(gaps[i]) < best[0]:
+                        best = (int(gaps[i]), slot, 0, int(a_items[i]), -1)
+            delta = work[a_items][:, None] - work[b_items][None, :]
+            shift = tokens[a_items][:, None] - tokens[b_items][None, :]
+            ok = (delta > 0) & (delta <= limit) & (shift <= capacity - bin_tokens[b]) & (-shift <= capacity - bin_tokens[a])
+            if ok.any():
+                gaps = np.where(ok, np.abs(diff - 2 * delta), np.iinfo(np.int64).max)
+                i, j = divmod(int(np.argmin(gaps)), len(b_items))
+                if best is None or int(gaps[i, j]) < best[0]:
+                    best = (int(gaps[i, j]), slot, 1, int(a_items[i]), int(b_items[j]))
+        if best is None:
+            break
+        _, slot, kind, out_group, in_group = best
+        a, b = int(cells[slot, heavy]), int(cells[slot, light])
+        exchanges = [(out_group, a, b)] + ([(in_group, b, a)] if kind == 1 else [])
+        for g, src, dst in exchanges:
+            parts[src].remove(g)
+            parts[dst].append(g)
+            bin_tokens[src] -= tokens[g]
+            bin_tokens[dst] += tokens[g]
+            bin_work[src] -= work[g]
+            bin_work[dst] += work[g]
+    return [sorted(p) for p in parts]
+
+
+def _slot_order(grid: list[list[int]], bin_work: Sequence[int], pipeline: bool) -> list[int]:
+    """Order of the slots, the same on every rank: by slot workload (the sum over ranks),
+    heaviest first, then with ``pipeline`` the rule of ``use_dynamic_bsz_balance``:
+    ``parts[::2][::-1] + parts[1::2]`` of that order (light slots at both ends). O(m log m)."""
+    totals = [sum(int(bin_work[b]) for b in row) for row in grid]
+    ranked = sorted(range(len(grid)), key=lambda s: (-totals[s], s))
+    return ranked[::2][::-1] + ranked[1::2] if pipeline else ranked
 
 
 def _per_rank_candidate(
@@ -485,6 +683,8 @@ def build_dp_schedule(
     min_num_micro_batch: Optional[int] = None,
     workload_fn: Optional[WorkloadFn] = None,
     cost_model: Union[None, str, CostModel] = None,
+    equal_samples: bool = False,
+    use_dynamic_bsz_balance: bool = True,
 ) -> DPSchedule:
     """Plan every DP rank's samples and micro-batches at once, on the driver, with no collective.
 
@@ -501,10 +701,27 @@ def build_dp_schedule(
          ranks, each share packed at its own smallest count, all raised to the largest) is
          computed as well and wins if it needs fewer: the schedule never needs more
          micro-batches per rank than splitting first and packing per rank would;
-      4. give each rank ``t / dp_size`` micro-batches: KK with equal sizes on micro-batch
-         workloads, then pairwise swaps of micro-batches between the heaviest rank and lighter
-         ones, then single-group moves and swaps between their micro-batches (within the cap)
-         to even out what whole micro-batches cannot.
+      4. cut the ``t`` micro-batches into ``t / dp_size`` slots: sorted by workload, ``dp_size``
+         consecutive ones per slot (this minimises the sum of the slots' heaviest micro-batch,
+         the step time when ranks sync at every micro-batch, as FSDP does);
+      5. even out every slot: single-group moves and swaps, within the cap, between a slot's
+         heaviest micro-batch and another of the slot or a roomy one of another slot
+         (:func:`_even_slots`);
+      6. place each slot's micro-batches on the ranks, one each, so that rank totals balance
+         too (what a once-per-step sync, DDP, waits for), then polish the rank totals with
+         group trades inside a slot that keep every slot's maximum (:func:`_polish_ranks`);
+         With at most :data:`FEW_SLOTS` micro-batches per rank (and at most
+         :data:`FEW_SLOTS_MAX_GROUPS` groups), the per-rank route's partition
+         goes through steps 4-6 as well, and the one with the smaller per-micro-batch step wins;
+      7. order the slots, the same on every rank: with ``use_dynamic_bsz_balance`` the rule of
+         :func:`seqbal.plan_micro_batches` (slots sorted by workload descending, then
+         ``parts[::2][::-1] + parts[1::2]``: light slots at both ends for pipeline bubbles),
+         else heaviest first.
+
+    With ``equal_samples=True`` steps 2-6 become the per-rank route, aligned: the groups are
+    split over the ranks in equal numbers first (KK on workload), each share is packed at the
+    count every rank needs, each rank's micro-batches sorted by workload form the slots, and
+    only swaps of one group for one even them out (moves would change a rank's sample count).
 
     Args:
         lengths: effective tokens of each sample (sequence of ints, integer array or tensor).
@@ -524,21 +741,35 @@ def build_dp_schedule(
             runs of the length-sorted groups (the fewest micro-batches for equal group sizes),
             balanced on padded workload, handed to ranks in equal numbers by KK on their
             padded workloads (no group moves between them, which could break the padded cap).
+        equal_samples: every rank gets the same number of samples, as verl's equal-chunk
+            dispatch (``DataProto.chunk``) needs. Requires groups of one size
+            (``force_group_size``, or ``group_ids`` whose groups are all equally large) and a
+            group count divisible by ``dp_size``, i.e. ``n % (dp_size * group size) == 0``;
+            otherwise a ``ValueError`` with the numbers. Every other guarantee is unchanged.
+            The price: the shares are fixed before packing, so the count per rank can be higher
+            and the slots less even than without it (see docs/benchmarks.md, step
+            efficiency). Default False.
+        use_dynamic_bsz_balance: order the slots for pipeline bubbles (light at both ends), as
+            ``plan_micro_batches`` does. Default True; False: heaviest slot first.
 
     Returns:
         A :class:`DPSchedule`. Guarantees: the same count on every rank; every sample exactly
         once; every micro-batch ``<= max_token_len`` tokens and non-empty; groups never split;
         per rank the micro-batches tile ``rank_indices`` in order; the count a multiple of
-        ``num_batches_divided_by`` and ``>= min_num_micro_batch``; deterministic.
+        ``num_batches_divided_by`` and ``>= min_num_micro_batch``; with ``equal_samples`` the
+        same sample count on every rank; deterministic. :meth:`DPSchedule.step_efficiency`
+        reports how even the slots and the ranks are.
 
     Raises:
         ValueError: bad arguments; a sample or group over the cap; more micro-batches needed
-            than there are groups (the message says which setting to change, and to what).
+            than there are groups (the message says which setting to change, and to what);
+            ``equal_samples`` with unequal groups or a sample count not divisible by
+            ``dp_size * group size``.
 
     Complexity: O(n log n) packing plus one or two capped-balancing passes (O(n t log t)), when
-    ``t`` is above the bound ``dp_size`` more on ``n / dp_size`` groups each, and the rank
-    assignment (O(t log t) plus at most ``2 g + 64`` vectorised group moves). About 50 ms for
-    1024 samples, about 1 s for 8192 (mostly the KK pass).
+    ``t`` is above the bound ``dp_size`` more on ``n / dp_size`` groups each, and the slot
+    evening (at most ``SLOT_PASSES * (4 g + 16 t / dp)`` vectorised steps, few in practice).
+    About 50 ms for 1024 samples, 1-3 s for 16384 (mostly the capped balancing).
 
     Examples:
         24 tokens under a cap of 8 pack into 3 micro-batches; 2 ranks need a multiple of 2, so
@@ -546,7 +777,13 @@ def build_dp_schedule(
 
         >>> s = build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8)
         >>> s.num_micro_batches, s.micro_batches, s.rank_indices
-        (2, (((0,), (1, 4)), ((2,), (3, 5))), ((0, 1, 4), (2, 3, 5)))
+        (2, (((0,), (1, 4)), ((3, 5), (2,))), ((0, 1, 4), (3, 5, 2)))
+
+        Slot 0 holds micro-batches of 6 and 8 tokens, slot 1 of 6 and 5: each slot pairs similar
+        work. With ``equal_samples=True`` every rank gets 3 of the 6 samples:
+
+        >>> [len(r) for r in build_dp_schedule([6, 2, 5, 3, 4, 4], 2, 8, equal_samples=True).rank_indices]
+        [3, 3]
     """
     array = _lengths_array(lengths)
     dp_size = int_argument("dp_size", dp_size)  # Python ints: NumPy scalars would wrap (uint8) below
@@ -555,6 +792,11 @@ def build_dp_schedule(
     min_num_micro_batch = _optional_count("min_num_micro_batch", min_num_micro_batch)
     cost = as_cost_model(cost_model)
     groups = _groups(len(array), force_group_size, group_ids)
+    for name, flag in (("equal_samples", equal_samples), ("use_dynamic_bsz_balance", use_dynamic_bsz_balance)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, got {flag!r}")
+    if equal_samples:
+        _check_equal_samples(len(array), groups, dp_size, force_group_size)
     measured = cost.rounded(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
     work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
@@ -591,10 +833,16 @@ def build_dp_schedule(
 
     step = dp_size * (num_batches_divided_by or 1)
     floor = dp_size * (min_num_micro_batch or 1)
+    if equal_samples:
+        padded = (group_sizes, group_longest, _padded_model(workload_fn)) if cost.padded else None
+        return _equal_samples_schedule(
+            array, work, groups, group_tokens, group_work, capacity, dp_size, max_token_len,
+            num_batches_divided_by or 1, min_num_micro_batch or 1, padded, use_dynamic_bsz_balance,
+        )
     if cost.padded:
         return _padded_schedule(
             array, work, groups, group_sizes, group_longest, capacity, dp_size, step, floor, max_token_len,
-            num_batches_divided_by, min_num_micro_batch, workload_fn,
+            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance,
         )
     packing = best_fit_decreasing_partitions(group_tokens, capacity)
     target = roundup_divisible(max(len(packing), floor), step)
@@ -625,12 +873,47 @@ def build_dp_schedule(
     if parts is None or len(parts) != count:  # step 4 of capped_balanced_partitions guarantees this
         raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
 
-    # Hand the micro-batches to ranks, then even out the ranks with group moves and swaps.
-    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
+    # Cut the micro-batches into slots of similar work, even out each slot with group moves and
+    # swaps, then place each slot's micro-batches on ranks so that rank totals are even too.
+    parts, grid = _aligned(parts, group_tokens, group_work, capacity, dp_size)
+    if dp_size > 1 and count // dp_size <= FEW_SLOTS and len(groups) <= FEW_SLOTS_MAX_GROUPS:
+        # With few slots each one weighs a lot, and the slot evening can stall a few millionths
+        # short of the per-rank route (split first, pack each share): align that one as well
+        # (cheap here) and keep whichever has the faster per-micro-batch step.
+        alternative = _per_rank_candidate(
+            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+        )
+        if alternative is not None and len(alternative) == count:
+            other = _aligned(alternative, group_tokens, group_work, capacity, dp_size)
+            if _slot_cost(other[0], other[1], group_work) < _slot_cost(parts, grid, group_work):
+                parts, grid = other
     bin_work = _part_sums(group_work, parts)
-    ranks = _assign_bins_to_ranks(bin_work, dp_size)
-    parts = _refine_ranks(parts, ranks, group_tokens, group_work, capacity)
-    return _schedule_of(array, work, groups, parts, ranks, dp_size, max_token_len)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
+
+
+#: Up to this many micro-batches per rank, build_dp_schedule also aligns the per-rank route's
+#: partition and keeps the better of the two (see :func:`build_dp_schedule`, step 3).
+FEW_SLOTS = 16
+#: ... and at most this many groups (the per-rank route costs ``dp_size`` capped searches).
+FEW_SLOTS_MAX_GROUPS = 4096
+
+
+def _aligned(
+    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
+    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
+    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
+    parts = _even_slots(parts, slots, tokens, work, capacity, moves=True)
+    grid = _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
+    parts = _polish_ranks(parts, grid, tokens, work, capacity, moves=True)
+    return parts, grid
+
+
+def _slot_cost(parts: list[list[int]], grid: list[list[int]], work: np.ndarray) -> tuple[int, int]:
+    """(sum over slots of the heaviest bin, heaviest rank total): the two step times, in order."""
+    cells = _part_sums(work, parts)[np.asarray(grid, dtype=np.int64)]
+    return int(cells.max(axis=1).sum()), int(cells.sum(axis=0).max())
 
 
 def _group_maxima(values: np.ndarray, groups: list[list[int]], sizes: np.ndarray) -> np.ndarray:
@@ -644,16 +927,18 @@ def _schedule_of(
     work: np.ndarray,
     groups: list[list[int]],
     parts: list[list[int]],
-    ranks: list[list[int]],
+    grid: list[list[int]],
+    bin_work: Sequence[int],
     dp_size: int,
     max_token_len: int,
+    pipeline: bool,
 ) -> DPSchedule:
-    """The DPSchedule of micro-batches ``parts`` (group indices) handed out as ``ranks`` (part indices)."""
+    """The DPSchedule of micro-batches ``parts`` (group indices) laid out as ``grid``
+    (``grid[s][r]``: the part rank ``r`` runs in slot ``s``), slots in :func:`_slot_order`."""
     micro = [sorted(i for g in part for i in groups[g]) for part in parts]
-    per_rank = []
-    for rank_bins in ranks:
-        per_rank.append(tuple(tuple(micro[b]) for b in sorted(rank_bins, key=lambda b: micro[b][0])))
-    per_rank.sort(key=lambda r: r[0][0])  # rank 0 holds sample 0: stable across equal-work ties
+    order = _slot_order(grid, bin_work, pipeline)
+    per_rank = [tuple(tuple(micro[grid[s][r]]) for s in order) for r in range(dp_size)]
+    per_rank.sort(key=lambda r: min(mb[0] for mb in r))  # rank 0 holds sample 0: stable across ties
     return DPSchedule(
         dp_size=dp_size,
         max_token_len=max_token_len,
@@ -679,23 +964,133 @@ def _padded_schedule(
     num_batches_divided_by: Optional[int],
     min_num_micro_batch: Optional[int],
     workload_fn: Optional[WorkloadFn],
+    pipeline: bool,
 ) -> DPSchedule:
-    """build_dp_schedule under the padded cost: runs of the length-sorted groups, then ranks."""
+    """build_dp_schedule under the padded cost: runs of the length-sorted groups, then slots.
+
+    No group moves between micro-batches here (a move could break the padded cap), so slots
+    are the sorted micro-batches cut in ``dp_size`` and the ranks are placed within them."""
     fewest = padded_min_count(group_longest, group_sizes, capacity)
     count = roundup_divisible(max(fewest, floor), step)
     if count > len(groups):
         raise _too_few_groups(count, fewest, len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch)
-    model = (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else calculate_workload
+    model = _padded_model(workload_fn)
     parts = padded_partitions(group_longest, group_sizes, capacity, count, workload_fn=model)
     if parts is None or len(parts) != count:  # padded_partitions succeeds from the greedy count up
         raise RuntimeError(f"internal error: no padded partition into {count} parts; please report")
     parts = sorted(parts)
-    longest = [int(group_longest[part].max()) for part in parts]
-    bin_work = np.array(
-        [int(group_sizes[part].sum()) * int(w) for part, w in zip(parts, model(np.array(longest, dtype=np.int64)))],
-        dtype=np.int64,
-    )
-    return _schedule_of(array, work, groups, parts, _assign_bins_to_ranks(bin_work, dp_size), dp_size, max_token_len)
+    bin_work = _padded_work(parts, group_sizes, group_longest, model)
+    grid = _ranks_within_slots(_slots_from_bins(parts, bin_work, dp_size), bin_work, dp_size)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)
+
+
+def _padded_model(workload_fn: Optional[WorkloadFn]) -> Callable[[np.ndarray], np.ndarray]:
+    return (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else calculate_workload
+
+
+def _padded_work(
+    parts: list[list[int]], group_sizes: np.ndarray, group_longest: np.ndarray, model: Callable[[np.ndarray], np.ndarray]
+) -> list[int]:
+    """Padded workload of every part: its samples x the workload of its longest sample."""
+    longest = np.array([int(group_longest[part].max()) for part in parts], dtype=np.int64)
+    return [int(group_sizes[part].sum()) * int(w) for part, w in zip(parts, model(longest))]
+
+
+def _check_equal_samples(n: int, groups: list[list[int]], dp_size: int, force_group_size: int) -> None:
+    """``equal_samples=True`` needs groups of one size whose count divides by ``dp_size``."""
+    sizes = sorted({len(group) for group in groups})
+    if len(sizes) > 1:
+        first = next(i for i, group in enumerate(groups) if len(group) != len(groups[0]))
+        raise ValueError(
+            f"equal_samples=True needs groups of one size, but group 0 has {len(groups[0])} samples and group "
+            f"{first} has {len(groups[first])} (sizes {sizes}): make every uid group the same size or pass "
+            f"equal_samples=False"
+        )
+    if len(groups) % dp_size:
+        size = sizes[0]
+        what = f"dp_size = {dp_size}" if size == 1 else f"dp_size * group size = {dp_size} * {size} = {dp_size * size}"
+        raise ValueError(
+            f"equal_samples=True: {n} samples cannot be split evenly over dp_size={dp_size} ranks "
+            f"({n} % ({what}) = {n % (dp_size * size)}): pass a batch whose sample count is a multiple of "
+            f"{dp_size * size}, or equal_samples=False"
+        )
+
+
+def _equal_samples_schedule(
+    array: np.ndarray,
+    work: np.ndarray,
+    groups: list[list[int]],
+    group_tokens: np.ndarray,
+    group_work: np.ndarray,
+    capacity: int,
+    dp_size: int,
+    max_token_len: int,
+    divisor: int,
+    min_count: int,
+    padded: Optional[tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]],
+    pipeline: bool,
+) -> DPSchedule:
+    """build_dp_schedule with ``equal_samples=True``: split, then pack each share, then align.
+
+    The groups (all of one size) are split over the ranks first, equal group counts balanced on
+    workload by KK (what verl's equal-chunk dispatch of a balanced batch gives); each share is
+    packed at the count every rank needs (the largest of the shares' smallest feasible counts,
+    the others split up to it); each rank's micro-batches are sorted by workload and slot ``i``
+    takes the ``i``-th of every rank, then swaps of one group for one between a slot's
+    micro-batches even it out (a swap keeps both ranks' sample counts). ``padded`` is
+    ``(group_sizes, group_longest, model)`` under the padded cost, where no group moves."""
+    shares = [np.asarray(sorted(share), dtype=np.int64) for share in karmarkar_karp(group_work, dp_size, equal_size=True)]
+    per_share = len(shares[0])
+
+    def too_few(needed: int) -> ValueError:
+        return ValueError(
+            f"Cannot satisfy max_token_len={max_token_len} with equal_samples=True: every rank needs {needed} "
+            f"micro-batches (to respect the cap, a multiple of num_batches_divided_by={divisor}, at least "
+            f"min_num_micro_batch={min_count}) but each rank's share has only {per_share} group(s); raise "
+            f"max_token_len, lower num_batches_divided_by or min_num_micro_batch, use a smaller dp_size, or "
+            f"pass equal_samples=False"
+        )
+
+    if padded is not None:
+        sizes, longest, model = padded
+        fewest = max(padded_min_count(longest[share], sizes[share], capacity) for share in shares)
+        count = roundup_divisible(max(fewest, min_count), divisor)
+        if count > per_share:
+            raise too_few(count)
+        plans = [padded_partitions(longest[share], sizes[share], capacity, count, workload_fn=model) for share in shares]
+        if any(plan is None or len(plan) != count for plan in plans):
+            raise RuntimeError(f"internal error: no padded partition into {count} parts; please report")
+    else:
+        searched = [
+            smallest_feasible_partitions(group_tokens[share], group_work[share], capacity, min_count=min_count, step=divisor)
+            for share in shares
+        ]
+        count = max(k for k, _ in searched)
+        if count > per_share or any(plan is None for _, plan in searched):
+            raise too_few(count)
+        plans = [
+            plan if k == count else capped_balanced_partitions(group_tokens[share], group_work[share], capacity, count, feasible=plan)
+            for share, (k, plan) in zip(shares, searched)
+        ]
+        if any(plan is None or len(plan) != count for plan in plans):  # feasible= makes this succeed
+            raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
+    rank_parts = [sorted(sorted(int(share[i]) for i in part) for part in plan) for share, plan in zip(shares, plans)]
+    parts = [part for plan in rank_parts for part in plan]
+
+    def weigh(parts: list[list[int]]) -> list[int]:
+        return _padded_work(parts, *padded) if padded is not None else _part_sums(group_work, parts).tolist()
+
+    bin_work = weigh(parts)
+    columns = []
+    for rank in range(dp_size):
+        own = range(rank * count, (rank + 1) * count)
+        columns.append(sorted(own, key=lambda b: (-bin_work[b], parts[b][0])))
+    grid = [[columns[r][s] for r in range(dp_size)] for s in range(count)]
+    if padded is None:
+        parts = _even_slots(parts, grid, group_tokens, group_work, capacity, moves=False)
+        parts = _polish_ranks(parts, grid, group_tokens, group_work, capacity, moves=False)
+        bin_work = weigh(parts)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -106,10 +106,15 @@ def assert_schedule_invariants(
     min_num_micro_batch: Optional[int] = None,
     rebuild=None,
     cost_model=None,
+    equal_samples: bool = False,
+    workloads: Optional[Sequence[int]] = None,
 ) -> None:
-    """Assert every guarantee of ``build_dp_schedule`` (issue 5) for one returned DPSchedule.
+    """Assert every guarantee of ``build_dp_schedule`` (issues 5 and 22) for one returned DPSchedule.
 
     ``cost_model`` is what the call was given; the cap is checked on that cost.
+    ``equal_samples``: every rank must hold the same number of samples.
+    ``workloads``: the per-sample workloads the schedule was balanced on (default: the
+    schedule's own); ``step_efficiency()`` is recomputed from them here and must agree.
 
     ``rebuild``, if given, is a zero-argument callable that builds the schedule again from the
     same input; the result must be identical (determinism).
@@ -158,6 +163,20 @@ def assert_schedule_invariants(
         assert count % num_batches_divided_by == 0, f"count {count} not a multiple of {num_batches_divided_by}"
     if min_num_micro_batch is not None:
         assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
+    # equal sample counts when asked
+    if equal_samples:
+        sizes = [len(r) for r in schedule.rank_indices]
+        assert len(set(sizes)) == 1, f"equal_samples=True but ranks hold {sizes} samples"
+    # step efficiency, recomputed from its definition
+    work = np.asarray(schedule.workloads if workloads is None else workloads, dtype=np.float64)
+    grid = np.array([[work[list(mb)].sum() for mb in mbs] for mbs in schedule.micro_batches])
+    limit = grid.sum() / dp_size
+    reported = schedule.step_efficiency()
+    if limit > 0:
+        expected = {"per_micro_batch": limit / grid.max(axis=0).sum(), "per_step": limit / grid.sum(axis=1).max()}
+        for key, value in expected.items():
+            assert abs(reported[key] - value) <= 1e-9, f"step_efficiency {key} {reported[key]} != {value}"
+    assert 0 < reported["per_micro_batch"] <= reported["per_step"] + 1e-12 <= 1 + 1e-9, reported
     # summary agrees with the schedule
     summary = schedule.summary()
     assert summary["num_micro_batches"] == count and summary["max_tokens"] <= max_token_len

@@ -18,6 +18,7 @@ from seqbal.schedule import DPSchedule, balance_batch, build_dp_schedule, get_gr
 from seqbal.partition import packing_lower_bound
 
 from .invariants import assert_schedule_invariants
+from .test_cost import _MODELS  # every cost model the planners accept
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -25,7 +26,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 def schedule_checked(lengths, dp_size, cap, **kwargs):
     """Build a schedule and run the shared checker on it, determinism included."""
     schedule = build_dp_schedule(lengths, dp_size, cap, **kwargs)
-    checked = {key: value for key, value in kwargs.items() if key != "workload_fn"}
+    checked = {key: value for key, value in kwargs.items() if key not in ("workload_fn", "use_dynamic_bsz_balance")}
     assert_schedule_invariants(
         lengths, schedule, cap, dp_size, rebuild=lambda: build_dp_schedule(lengths, dp_size, cap, **kwargs), **checked
     )
@@ -340,15 +341,137 @@ def test_docs_schedule_snippets_run():
         exec(compile(block, str(doc), "exec"), namespace)  # noqa: S102 - our own documentation
 
 
-def test_refine_ranks_stops_within_a_tenth_of_a_percent_of_the_mean_rank():
-    from seqbal.schedule import _refine_ranks
+# ---------------------------------------------------------------------------------------------
+# Aligned slots and step efficiency (issue 22)
+# ---------------------------------------------------------------------------------------------
 
-    tokens = np.ones(4, dtype=np.int64)
-    # Ranks weigh 100060 and 99990 (mean 100025, within 0.1%): moving group 1 would even them
-    # out a little more, but the refinement stops before trying.
-    work = np.array([100000, 60, 99980, 10], dtype=np.int64)
-    parts, ranks = [[0, 1], [2, 3]], [[0], [1]]
-    assert _refine_ranks(parts, ranks, tokens, work, 10) == [[0, 1], [2, 3]]
-    # 1% apart, the move is made.
-    work = np.array([100000, 1000, 98990, 10], dtype=np.int64)
-    assert _refine_ranks(parts, ranks, tokens, work, 10) == [[0], [1, 2, 3]]
+
+def test_step_efficiency_follows_its_formulas():
+    # Rank 0 runs work 4 then 1, rank 1 runs 1 then 4: whole ranks are even (per step 1.0), but
+    # every slot waits for a 4 (per micro-batch 5 / 8).
+    s = DPSchedule(
+        dp_size=2, max_token_len=10, num_micro_batches=2,
+        micro_batches=(((0,), (1,)), ((2,), (3,))), rank_indices=((0, 1), (2, 3)),
+        lengths=(4, 1, 1, 4), workloads=(4, 1, 1, 4),
+    )
+    assert s.step_efficiency() == {"per_micro_batch": 5 / 8, "per_step": 1.0}
+
+
+def _real_rollouts(n, cap):
+    import pathlib
+
+    data = np.loadtxt(pathlib.Path(__file__).resolve().parent.parent / "seqbal" / "data" / "qwen25math_cot_rollouts.txt",
+                      dtype=np.int64)
+    order = np.random.default_rng(22).permutation(np.resize(np.arange(len(data)), n))
+    return np.minimum(data[order], cap)
+
+
+def _per_rank_route_efficiency(lengths, dp, cap):
+    """Per micro-batch efficiency of balance_batch + plan_micro_batches, counts agreed."""
+    from seqbal import calculate_workload, plan_micro_batches
+
+    shares = [np.asarray(p) for p in balance_batch(lengths, dp)[0]]
+    plans = [plan_micro_batches(lengths[p], cap) for p in shares]
+    count = max(map(len, plans))
+    plans = [plan if len(plan) == count else plan_micro_batches(lengths[p], cap, min_num_micro_batch=count)
+             for p, plan in zip(shares, plans)]
+    assert len({len(plan) for plan in plans}) == 1
+    work = calculate_workload(lengths)
+    grid = np.array([[work[p[mb]].sum() for mb in plan] for p, plan in zip(shares, plans)], dtype=np.float64)
+    return grid.sum() / dp / grid.max(axis=0).sum()
+
+
+@pytest.mark.parametrize("equal_samples", [False, True])
+def test_slots_carry_even_work_on_real_rollouts(equal_samples):
+    # The issue's worst family (Qwen2.5-Math rollouts at cap 4096), at a test-sized batch: 16
+    # ranks, 128 samples each. Sorting each rank by workload alone reaches about 0.999 there.
+    lengths = _real_rollouts(16 * 128, 4096)
+    s = schedule_checked(lengths, 16, 4096, equal_samples=equal_samples)
+    efficiency = s.step_efficiency()
+    assert efficiency["per_micro_batch"] >= 0.999, efficiency
+    assert efficiency["per_step"] >= 0.999, efficiency
+    assert efficiency["per_micro_batch"] >= _per_rank_route_efficiency(lengths, 16, 4096)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_slots_run_in_the_same_pipeline_order_on_every_rank(pipeline):
+    lengths = _real_rollouts(4 * 64, 4096)
+    s = schedule_checked(lengths, 4, 4096, use_dynamic_bsz_balance=pipeline)
+    work = np.asarray(s.workloads)
+    slot_totals = [sum(int(work[list(rank[i])].sum()) for rank in s.micro_batches) for i in range(s.num_micro_batches)]
+    ranked = sorted(slot_totals, reverse=True)
+    expected = ranked[::2][::-1] + ranked[1::2] if pipeline else ranked
+    assert slot_totals == expected
+    # on every rank, too, the light micro-batches sit at both ends when pipelining
+    if pipeline:
+        for rank in s.micro_batches:
+            w = [int(work[list(mb)].sum()) for mb in rank]
+            middle = max(range(len(w)), key=w.__getitem__)
+            assert w[0] < w[middle] and w[-1] < w[middle]
+
+
+def test_slot_evening_beats_sorting_each_rank_alone():
+    # What the issue measured as "every rank's micro-batches sorted by workload": the same
+    # micro-batches, each rank sorted on its own; the aligned schedule is at least as good.
+    lengths = _real_rollouts(8 * 64, 4096)
+    s = schedule_checked(lengths, 8, 4096)
+    work = np.asarray(s.workloads)
+    grid = np.array([sorted((work[list(mb)].sum() for mb in rank), reverse=True) for rank in s.micro_batches], float)
+    sorted_alone = grid.sum() / 8 / grid.max(axis=0).sum()
+    assert s.step_efficiency()["per_micro_batch"] >= sorted_alone
+
+
+def test_flags_must_be_booleans():
+    with pytest.raises(ValueError, match="equal_samples must be True or False, got 'yes'"):
+        build_dp_schedule([1, 2, 3, 4], 2, 10, equal_samples="yes")
+    with pytest.raises(ValueError, match="use_dynamic_bsz_balance must be True or False, got 1"):
+        build_dp_schedule([1, 2, 3, 4], 2, 10, use_dynamic_bsz_balance=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# equal_samples (issue 22)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_equal_samples_errors_give_the_numbers():
+    with pytest.raises(ValueError, match=r"10 samples cannot be split evenly over dp_size=4 ranks \(10 % \(dp_size = 4\) = 2\)"):
+        build_dp_schedule([5] * 10, 4, 100, equal_samples=True)
+    with pytest.raises(ValueError, match=r"12 samples .* \(12 % \(dp_size \* group size = 4 \* 2 = 8\) = 4\)"):
+        build_dp_schedule([5] * 12, 4, 100, force_group_size=2, equal_samples=True)
+    with pytest.raises(ValueError, match=r"groups of one size, but group 0 has 2 samples and group 1 has 1"):
+        build_dp_schedule([5, 5, 5, 5], 1, 100, group_ids=["a", "b", "a", "c"], equal_samples=True)
+    # a share of 2 samples cannot hold 3 micro-batches
+    with pytest.raises(ValueError, match=r"Cannot satisfy max_token_len=100 with equal_samples=True: every rank needs 3"):
+        build_dp_schedule([5, 5, 5, 5], 2, 100, min_num_micro_batch=3, equal_samples=True)
+
+
+def test_equal_samples_keeps_grpo_groups_and_counts():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(50, 900, 64)
+    uids = np.repeat(np.arange(8), 8)[rng.permutation(64)].tolist()  # 8 prompts x 8, interleaved
+    s = schedule_checked(lengths, 4, 8192, group_ids=uids, equal_samples=True, num_batches_divided_by=2)
+    assert [len(r) for r in s.rank_indices] == [16] * 4
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), dp_size=st.integers(1, 4), group_size=st.integers(1, 3))
+def test_property_equal_samples_under_every_cost_model(data, dp_size, group_size):
+    model = data.draw(_MODELS)
+    groups_per_rank = data.draw(st.integers(1, 8))
+    n = dp_size * groups_per_rank * group_size
+    lengths = data.draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
+    cap = data.draw(st.integers(3 * 304, 3000))  # a group of 3 x 300 fits under every model
+    kwargs = dict(force_group_size=group_size, cost_model=model, equal_samples=True)
+    if data.draw(st.booleans()):
+        kwargs["num_batches_divided_by"] = data.draw(st.integers(1, 3))
+    if data.draw(st.booleans()):
+        kwargs["min_num_micro_batch"] = data.draw(st.integers(1, 3))
+    try:
+        s = schedule_checked(lengths, dp_size, cap, **kwargs)
+    except ValueError as error:
+        message = str(error)
+        assert message.startswith("Cannot satisfy max_token_len"), message
+        needed = int(re.search(r"every rank needs (\d+)", message).group(1))
+        assert needed > groups_per_rank
+        return
+    assert {len(r) for r in s.rank_indices} == {n // dp_size}
