@@ -1,6 +1,6 @@
 """Run the benchmark grid, write the table, the targets and the plots.
 
-    python -m benchmarks.run                  # full grid -> docs/benchmarks.md, docs/img/, benchmarks/results.json
+    python -m benchmarks.run                  # full grid -> docs/benchmarks_method.md, docs/img/, benchmarks/results.json
     python -m benchmarks.run --grid smoke     # seconds; what tests/test_benchmark_smoke.py runs
 
 Every case is measured in one process, seqbal and the reference side by side, so ratios are
@@ -396,7 +396,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--families", nargs="*", help="restrict to these families")
     parser.add_argument("--sizes", nargs="*", type=int)
     parser.add_argument("--caps", nargs="*", type=int)
-    parser.add_argument("--out", type=Path, help="markdown file to update (default docs/benchmarks.md for the full grid)")
+    parser.add_argument("--out", type=Path, help="markdown file to update (default docs/benchmarks_method.md for the full grid)")
     parser.add_argument("--json", type=Path, help="raw results (default benchmarks/results.json for the full grid)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--no-rss", action="store_true")
@@ -408,7 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if overrides:
         grid = Grid(**{**asdict(grid), **overrides})
     full = args.grid == "full" and not overrides
-    out = args.out or (REPO_ROOT / "docs" / "benchmarks.md" if full else None)
+    out = args.out or (REPO_ROOT / "docs" / "benchmarks_method.md" if full else None)
     raw = args.json or (REPO_ROOT / "benchmarks" / "results.json" if full else None)
 
     command = "python -m benchmarks.run" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
@@ -421,7 +421,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("\n".join(target_lines))
         saved.update(rss=rss, notes=notes)
         (raw or REPO_ROOT / "benchmarks" / "results.json").write_text(json.dumps(saved, indent=1))
-        out = out or REPO_ROOT / "docs" / "benchmarks.md"
+        out = out or REPO_ROOT / "docs" / "benchmarks_method.md"
         plot(rows, out.parent / "img")
         write_markdown(out, results_markdown(rows, notes, target_lines, saved["command"], saved.get("elapsed", 0.0)))
         return 0

@@ -252,8 +252,9 @@ def rearrange_micro_batches(
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
-    Drop-in for verl's ``rearrange_micro_batches`` (same signature, plus ``force_group_size``),
-    with the cap enforced as a hard limit. Effective lengths come from :func:`effective_lengths`;
+    Drop-in for verl 0.9.1's ``rearrange_micro_batches`` (its signature, plus ``cost_model``,
+    ``trim_padding`` and the keyword-only ``dummy_micro_batches``), with the cap enforced as a
+    hard limit. Effective lengths come from :func:`effective_lengths`;
     the decision is :func:`seqbal.plan.plan_micro_batches` (see it for every argument, guarantee and error).
 
     Args:
