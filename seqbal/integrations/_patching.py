@@ -13,8 +13,9 @@ Pure Python, no torch: importing an adapter stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 
 def rebind_everywhere(old: Any, new: Any, skip_prefix: str = "seqbal") -> list[tuple[str, str]]:
@@ -86,3 +87,17 @@ def undo_all(patches: Iterable[Patch]) -> list[tuple[str, str]]:
     for patch in reversed(list(patches)):
         changed.extend(patch.undo())
     return changed
+
+
+@contextlib.contextmanager
+def installed_while(install: Callable[[], Any], uninstall: Callable[[], Any], is_installed: Callable[[], bool]) -> Iterator[Any]:
+    """The body of every adapter's ``installed()``: run the ``with`` block with seqbal installed
+    (yielding what ``install()`` returned), then uninstall it, unless it was installed before."""
+    was_installed = is_installed()
+    changed = install()
+    try:
+        yield changed
+    finally:
+        if not was_installed:
+            uninstall()
+

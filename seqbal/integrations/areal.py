@@ -24,12 +24,11 @@ wrapper is still bound.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, ContextManager, Optional, Sequence
 
-from ._patching import Patch, undo_all
+from ._patching import Patch, installed_while, undo_all
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "allocate_balanced_mbs_synced"]
 
@@ -95,17 +94,10 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-@contextlib.contextmanager
-def installed() -> Iterator[list[tuple[str, str]]]:
+def installed() -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
     it was not installed before the block)."""
-    was_installed = is_installed()
-    changed = install()
-    try:
-        yield changed
-    finally:
-        if not was_installed:
-            uninstall()
+    return installed_while(install, uninstall, is_installed)
 
 
 def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optional[Any] = None) -> list[list[int]]:

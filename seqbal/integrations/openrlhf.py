@@ -31,12 +31,11 @@ OpenRLHF is imported only when :func:`install` runs; without it, ``install()`` r
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-from typing import Any, Iterator, Sequence
+from typing import Any, ContextManager, Sequence
 
-from ._patching import Patch, undo_all
+from ._patching import Patch, installed_while, undo_all
 
 __all__ = [
     "install",
@@ -129,17 +128,10 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-@contextlib.contextmanager
-def installed() -> Iterator[list[tuple[str, str]]]:
+def installed() -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
     it was not installed before the block)."""
-    was_installed = is_installed()
-    changed = install()
-    try:
-        yield changed
-    finally:
-        if not was_installed:
-            uninstall()
+    return installed_while(install, uninstall, is_installed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,10 +33,11 @@ and pass its class: ``install(batcher_class=...)``.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import math
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
+
+from ._patching import installed_while
 
 import numpy as np
 
@@ -225,14 +226,7 @@ def is_installed() -> bool:
     return "class" in _state
 
 
-@contextlib.contextmanager
-def installed(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None) -> Iterator[list[str]]:
+def installed(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None) -> ContextManager[list[str]]:
     """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if it
     was not installed before the block)."""
-    was_installed = is_installed()
-    changed = install(batcher_class, workload_fn=workload_fn)
-    try:
-        yield changed
-    finally:
-        if not was_installed:
-            uninstall()
+    return installed_while(lambda: install(batcher_class, workload_fn=workload_fn), uninstall, is_installed)

@@ -24,13 +24,14 @@ import verl themselves.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib
 import sys
 from collections.abc import Mapping
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Optional
+
+from ._patching import installed_while
 
 import numpy as np
 
@@ -163,17 +164,10 @@ def is_installed() -> bool:
     return bool(_originals)
 
 
-@contextlib.contextmanager
-def installed() -> Iterator[list[tuple[str, str]]]:
+def installed() -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
     it was not installed before the block)."""
-    was_installed = is_installed()
-    changed = install()
-    try:
-        yield changed
-    finally:
-        if not was_installed:
-            uninstall()
+    return installed_while(install, uninstall, is_installed)
 
 
 def prepare_dynamic_batch(
