@@ -42,6 +42,7 @@ import platform
 import statistics
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -61,7 +62,7 @@ from seqbal import (  # noqa: E402
     plan_micro_batches,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+SHIPPED = Path(str(resources.files("seqbal") / "data"))  # the installed package's lengths
 SEED = 20261201
 DPS = (4, 8, 16)
 PER_RANK = (256, 1024)
@@ -72,7 +73,7 @@ RankParts = list[list[list[int]]]  # per rank, per micro-batch (in run order), g
 
 def length_files() -> dict[str, Path]:
     """Every real length list, by file name (the shared directory wins over the packaged copy)."""
-    files = {p.name: p for p in sorted((REPO / "seqbal" / "data").glob("*.txt"))}
+    files = {p.name: p for p in sorted(SHIPPED.glob("*.txt"))}
     directory = lengths_dir()
     if directory is not None:
         files.update({p.name: p for p in sorted(directory.glob("*.txt"))})

@@ -358,10 +358,9 @@ def test_step_efficiency_follows_its_formulas():
 
 
 def _real_rollouts(n, cap):
-    import pathlib
+    from importlib.resources import files
 
-    data = np.loadtxt(pathlib.Path(__file__).resolve().parent.parent / "seqbal" / "data" / "qwen25math_cot_rollouts.txt",
-                      dtype=np.int64)
+    data = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=np.int64)
     order = np.random.default_rng(22).permutation(np.resize(np.arange(len(data)), n))
     return np.minimum(data[order], cap)
 

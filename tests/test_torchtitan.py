@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import sys
 import types
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,7 @@ def test_plan_rows_fills_the_grid_within_seq_len(n, seq_len, b, dp):
 
 
 def test_plan_rows_balances_each_cell_across_ranks():
-    data = np.loadtxt(Path(__file__).resolve().parent.parent / "seqbal" / "data" / "qwen25math_cot_rollouts.txt", dtype=int)
+    data = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=int)
     lengths = data[:512].tolist()
     grid = plan_rows(lengths, 4096, 2, 4)
     _check_grid(grid, lengths, 4096, 2, 4)
