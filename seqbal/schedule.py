@@ -371,7 +371,8 @@ def _some(items: list[int], work: np.ndarray) -> list[int]:
         return items
     array = np.asarray(items, dtype=np.int64)
     ranked = array[np.argsort(work[array], kind="stable")]
-    return ranked[np.unique((np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1))].tolist()
+    # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
+    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
 
 
 def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -415,12 +416,14 @@ def _even_slots(
     for index, slot in enumerate(slots):
         slot_of[slot] = index
     grid = [np.asarray(slot, dtype=np.int64) for slot in slots]
+    flat_bins = np.concatenate(grid) if grid else np.zeros(0, dtype=np.int64)
+    starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
     big = np.iinfo(np.int64).min
-    cache: dict[int, list[int]] = {}  # bin -> the groups trades look at, until the bin changes
+    cache: dict[int, np.ndarray] = {}  # bin -> the groups trades look at, until the bin changes
 
-    def picked(b: int) -> list[int]:
+    def picked(b: int) -> np.ndarray:
         if b not in cache:
-            cache[b] = _some(parts[b], work)
+            cache[b] = np.asarray(_some(parts[b], work), dtype=np.int64)
         return cache[b]
 
     def trade(s: int) -> bool:
@@ -432,49 +435,62 @@ def _even_slots(
         third = int(values[order[2]]) if len(slot) > 2 else 0
         if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
             return False
-        maxima = np.array([int(bin_work[g].max()) for g in grid], dtype=np.int64)
+        maxima = np.maximum.reduceat(bin_work[flat_bins], starts)
         room = maxima[slot_of] - bin_work
         room[slot] = -1
-        partners = [int(b) for b in slot if b != heavy]
+        # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
+        kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
+        partners = [int(slot[k]) for k in np.sort(kept)]
         others = np.flatnonzero(room > 0)
-        if len(others) > SLOT_PARTNERS:
-            others = others[np.lexsort((others, -room[others]))[:SLOT_PARTNERS]]
+        if len(others) > SLOT_PARTNERS:  # the SLOT_PARTNERS roomiest, ties by index: O(t), not a sort
+            spare = room[others]
+            threshold = np.partition(spare, len(spare) - SLOT_PARTNERS)[len(spare) - SLOT_PARTNERS]
+            above = others[spare > threshold]
+            others = np.concatenate((above, others[spare == threshold][:SLOT_PARTNERS - len(above)]))
+            others = others[np.lexsort((others, -room[others]))]
         partners += others.tolist()
         if not partners:
             return False
-        chosen = {b: picked(b) for b in partners}
-        p_items = np.asarray([g for b in partners for g in chosen[b]], dtype=np.int64)
-        p_bins = np.asarray([b for b in partners for _ in chosen[b]], dtype=np.int64)
-        h_items = np.asarray(picked(heavy), dtype=np.int64)
+        chosen = [picked(b) for b in partners]
+        sizes = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
+        p_items = np.concatenate(chosen)
+        p_bins = np.repeat(np.asarray(partners, dtype=np.int64), sizes)
+        h_items = picked(heavy)
         h_work, h_tok = work[h_items], tokens[h_items]
-        same = slot_of[p_bins] == s
         # what the slot's maximum is without the heavy bin and the partner
         rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
         p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
 
-        def gains(delta: np.ndarray, ok: np.ndarray) -> np.ndarray:
-            lifted = p_value[None, :] + delta
-            same_max = np.maximum(np.maximum(top - delta, lifted), rest[None, :])
-            other_gain = top - np.maximum(top - delta, second) - np.maximum(0, lifted - p_top[None, :])
-            gain = np.where(same[None, :], top - same_max, other_gain)
-            tie = (gain == 0) & (delta > 0) & np.where(same[None, :], lifted < top, lifted <= p_top[None, :])
-            return np.where(ok & ((gain > 0) | tie), gain, big)
+        inside = sum(int(n) for n in sizes[:len(partners) - len(others)])  # columns of this slot's bins
+
+        def gains(delta: np.ndarray, ok: np.ndarray, columns: Any, cut: int) -> np.ndarray:
+            # columns [:cut] are bins of this slot, [cut:] of other slots: one formula each
+            value = p_value[columns]
+            d_in, d_out = delta[:, :cut], delta[:, cut:]
+            lifted = value[None, :cut] + d_in
+            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[columns][None, :cut])
+            keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
+            ceiling = p_top[columns][None, cut:]
+            lifted = value[None, cut:] + d_out
+            gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
+            keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
+            return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
         best = None  # (gain, delta, kind, i, j)
         if len(parts[heavy]) > 1 and moves:
-            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(p_items)))
-            first = np.zeros(len(p_items), dtype=bool)  # one column per partner bin for moves
-            first[np.unique(p_bins, return_index=True)[1]] = True
-            ok = first[None, :] & (h_tok[:, None] <= (capacity - bin_tokens[p_bins])[None, :]) & (delta > 0)
-            score = gains(delta, ok)
+            # a move depends on the partner bin only: one column per partner bin (its first item)
+            first = np.cumsum(sizes) - sizes
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
+            ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
+            score = gains(delta, ok, first, len(partners) - len(others))
             flat = int(np.argmax(score))
             if score.flat[flat] > big:
-                i, j = divmod(flat, len(p_items))
-                best = (int(score.flat[flat]), int(delta[i, j]), 0, i, j)
+                i, c = divmod(flat, len(first))
+                best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
         delta = h_work[:, None] - work[p_items][None, :]
         shift = h_tok[:, None] - tokens[p_items][None, :]
         ok = (delta > 0) & (shift <= (capacity - bin_tokens[p_bins])[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-        score = gains(delta, ok)
+        score = gains(delta, ok, slice(None), inside)
         flat = int(np.argmax(score))
         if score.flat[flat] > big:
             i, j = divmod(flat, len(p_items))
