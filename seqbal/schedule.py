@@ -358,6 +358,9 @@ SLOT_PASSES = 3
 #: Groups of one bin a trade looks at, at most: beyond it, evenly spaced ranks of the bin's
 #: groups by workload (a bin of thousands of short samples would make a step quadratic in them).
 TRADE_ITEMS = 24
+#: Heavy groups (the lightest of those a trade looks at) scored first for swaps: most steps find
+#: their best swap among them, and skip the rest.
+SWAP_FIRST_ROWS = 4
 #: Trades per slot per pass, at most.
 SLOT_STEPS = 64
 #: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
@@ -487,16 +490,39 @@ def _even_slots(
             if score.flat[flat] > big:
                 i, c = divmod(flat, len(first))
                 best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
-        delta = h_work[:, None] - work[p_items][None, :]
-        shift = h_tok[:, None] - tokens[p_items][None, :]
-        ok = (delta > 0) & (shift <= (capacity - bin_tokens[p_bins])[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-        score = gains(delta, ok, slice(None), inside)
-        flat = int(np.argmax(score))
-        if score.flat[flat] > big:
-            i, j = divmod(flat, len(p_items))
-            candidate = (int(score.flat[flat]), int(delta[i, j]), 1, i, j)
-            if best is None or candidate[:2] > best[:2]:
-                best = candidate
+        # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
+        # min(top - second, the partner's room) in another: columns that cannot reach the best
+        # move's gain (or that no heavy group outweighs) cannot win, and are left out.
+        p_work = work[p_items]
+        bound = np.minimum(h_work.max() - p_work, np.concatenate((
+            top - np.maximum(rest[:inside], p_value[:inside]),
+            np.minimum(top - second, p_top[inside:] - p_value[inside:]),
+        )))
+        keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
+        if len(keep):
+            k_work, k_tok, k_room = p_work[keep], tokens[p_items[keep]], capacity - bin_tokens[p_bins[keep]]
+            cut, ceiling = int(np.searchsorted(keep, inside)), int(bound[keep].max())
+            found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
+            # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
+            # reaches it the first maximum is there (usually: the block's few lightest groups).
+            for rows in (slice(0, SWAP_FIRST_ROWS), slice(SWAP_FIRST_ROWS, None)):
+                delta = h_work[rows, None] - k_work[None, :]
+                if delta.size == 0:
+                    continue
+                shift = h_tok[rows, None] - k_tok[None, :]
+                ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
+                score = gains(delta, ok, keep, cut)
+                flat = int(np.argmax(score))
+                if int(score.flat[flat]) > found[0]:
+                    i, c = divmod(flat, len(keep))
+                    found = (int(score.flat[flat]), i + rows.start, c)
+                if found[0] >= ceiling:
+                    break
+            if found[0] > big:
+                _, i, c = found
+                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(keep[c]))
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
         if best is None:
             return False
         _, _, kind, i, j = best
