@@ -480,9 +480,9 @@ def _even_slots(
             return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
         best = None  # (gain, delta, kind, i, j)
-        if len(parts[heavy]) > 1 and moves:
+        first = np.cumsum(sizes) - sizes
+        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= capacity - int(bin_tokens[p_bins[first]].min()):
             # a move depends on the partner bin only: one column per partner bin (its first item)
-            first = np.cumsum(sizes) - sizes
             delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
             ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
             score = gains(delta, ok, first, len(partners) - len(others))
