@@ -349,7 +349,8 @@ def _too_few_groups(
 #: past it a step gains less than a thousandth of a percent of the step time.
 SLOT_CLOSE_ENOUGH = 1.00001
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
-#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits.
+#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits. On
+#: more than ``SLOT_PARTNERS + 1`` ranks, also the most of its own slot's (the lightest).
 SLOT_PARTNERS = 16
 #: Passes over all slots; a pass that changes nothing ends the evening early.
 SLOT_PASSES = 3
@@ -401,16 +402,21 @@ def _even_slots(
     """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
     a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
-    The partner is another bin of the same slot, or one of the :data:`SLOT_PARTNERS` bins of
-    other slots with the most room below their own slot's maximum (a trade that lifts such a bin
-    but not above its slot's maximum costs nothing). A step applies the trade with the largest
+    The partner is another bin of the same slot (with more than ``SLOT_PARTNERS + 1`` ranks, one
+    of its :data:`SLOT_PARTNERS` lightest), or one of the :data:`SLOT_PARTNERS` bins of other
+    slots with the most room below their own slot's maximum (a trade that lifts such a bin but
+    not above its slot's maximum costs nothing). A step applies the trade with the largest
     gain, the drop of this slot's maximum minus the rise of the partner slot's maximum; a trade
     of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
     resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
     or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
     passes. ``moves=False`` allows swaps only (each bin keeps its group count:
-    ``equal_samples``). Every step is O(s * (dp + SLOT_PARTNERS) * s) vectorised for ``s``
-    groups per bin.
+    ``equal_samples``). Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
+    per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
+    the delta nor the partner's room) is below the best move, and score the heavy bin's first
+    :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
+    once they reach the step's upper bound: the same trade as the full matrix, usually at a
+    fraction of its cost.
     """
     parts = [list(p) for p in parts]
     bin_tokens = _part_sums(tokens, parts).astype(np.int64)
