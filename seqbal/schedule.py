@@ -444,19 +444,19 @@ def _even_slots(
         third = int(values[order[2]]) if len(slot) > 2 else 0
         if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
             return False
-        maxima = np.maximum.reduceat(bin_work[flat_bins], starts)
-        room = maxima[slot_of] - bin_work
-        room[slot] = -1
         # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
         kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
         partners = [int(slot[k]) for k in np.sort(kept)]
-        others = np.flatnonzero(room > 0)
-        if len(others) > SLOT_PARTNERS:  # the SLOT_PARTNERS roomiest, ties by index: O(t), not a sort
-            spare = room[others]
-            threshold = np.partition(spare, len(spare) - SLOT_PARTNERS)[len(spare) - SLOT_PARTNERS]
-            above = others[spare > threshold]
-            others = np.concatenate((above, others[spare == threshold][:SLOT_PARTNERS - len(above)]))
-            others = others[np.lexsort((others, -room[others]))]
+        # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
+        # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
+        wanted = SLOT_PARTNERS + len(slot)
+        if len(room) > wanted:
+            threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
+            others = np.flatnonzero(room >= threshold)
+        else:
+            others = np.flatnonzero(room > 0)
+        others = others[slot_of[others] != s]
+        others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
         partners += others.tolist()
         if not partners:
             return False
@@ -545,10 +545,18 @@ def _even_slots(
             bin_tokens[dst] += tokens[g]
             bin_work[src] -= work[g]
             bin_work[dst] += work[g]
+        for changed in {s, int(slot_of[target])}:
+            refresh(changed)
         return True
+
+    def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
+        maxima[s] = bin_work[grid[s]].max()
+        room[grid[s]] = maxima[s] - bin_work[grid[s]]
 
     if all(len(slot) < 2 for slot in slots):
         return parts
+    maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
+    room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
     for _ in range(SLOT_PASSES):
         excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
