@@ -545,8 +545,8 @@ def _even_slots(
             bin_tokens[dst] += tokens[g]
             bin_work[src] -= work[g]
             bin_work[dst] += work[g]
-        for changed in {s, int(slot_of[target])}:
-            refresh(changed)
+        for touched in {s, int(slot_of[target])}:
+            refresh(touched)
         return True
 
     def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
