@@ -349,7 +349,8 @@ def _too_few_groups(
 #: past it a step gains less than a thousandth of a percent of the step time.
 SLOT_CLOSE_ENOUGH = 1.00001
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
-#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits.
+#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits. On
+#: more than ``SLOT_PARTNERS + 1`` ranks, also the most of its own slot's (the lightest).
 SLOT_PARTNERS = 16
 #: Passes over all slots; a pass that changes nothing ends the evening early.
 SLOT_PASSES = 3
@@ -358,6 +359,9 @@ SLOT_PASSES = 3
 #: Groups of one bin a trade looks at, at most: beyond it, evenly spaced ranks of the bin's
 #: groups by workload (a bin of thousands of short samples would make a step quadratic in them).
 TRADE_ITEMS = 24
+#: Heavy groups (the lightest of those a trade looks at) scored first for swaps: most steps find
+#: their best swap among them, and skip the rest.
+SWAP_FIRST_ROWS = 4
 #: Trades per slot per pass, at most.
 SLOT_STEPS = 64
 #: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
@@ -371,7 +375,8 @@ def _some(items: list[int], work: np.ndarray) -> list[int]:
         return items
     array = np.asarray(items, dtype=np.int64)
     ranked = array[np.argsort(work[array], kind="stable")]
-    return ranked[np.unique((np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1))].tolist()
+    # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
+    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
 
 
 def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -397,16 +402,21 @@ def _even_slots(
     """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
     a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
-    The partner is another bin of the same slot, or one of the :data:`SLOT_PARTNERS` bins of
-    other slots with the most room below their own slot's maximum (a trade that lifts such a bin
-    but not above its slot's maximum costs nothing). A step applies the trade with the largest
+    The partner is another bin of the same slot (with more than ``SLOT_PARTNERS + 1`` ranks, one
+    of its :data:`SLOT_PARTNERS` lightest), or one of the :data:`SLOT_PARTNERS` bins of other
+    slots with the most room below their own slot's maximum (a trade that lifts such a bin but
+    not above its slot's maximum costs nothing). A step applies the trade with the largest
     gain, the drop of this slot's maximum minus the rise of the partner slot's maximum; a trade
     of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
     resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
     or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
     passes. ``moves=False`` allows swaps only (each bin keeps its group count:
-    ``equal_samples``). Every step is O(s * (dp + SLOT_PARTNERS) * s) vectorised for ``s``
-    groups per bin.
+    ``equal_samples``). Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
+    per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
+    the delta nor the partner's room) is below the best move, and score the heavy bin's first
+    :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
+    once they reach the step's upper bound: the same trade as the full matrix, usually at a
+    fraction of its cost.
     """
     parts = [list(p) for p in parts]
     bin_tokens = _part_sums(tokens, parts).astype(np.int64)
@@ -415,12 +425,14 @@ def _even_slots(
     for index, slot in enumerate(slots):
         slot_of[slot] = index
     grid = [np.asarray(slot, dtype=np.int64) for slot in slots]
+    flat_bins = np.concatenate(grid) if grid else np.zeros(0, dtype=np.int64)
+    starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
     big = np.iinfo(np.int64).min
-    cache: dict[int, list[int]] = {}  # bin -> the groups trades look at, until the bin changes
+    cache: dict[int, np.ndarray] = {}  # bin -> the groups trades look at, until the bin changes
 
-    def picked(b: int) -> list[int]:
+    def picked(b: int) -> np.ndarray:
         if b not in cache:
-            cache[b] = _some(parts[b], work)
+            cache[b] = np.asarray(_some(parts[b], work), dtype=np.int64)
         return cache[b]
 
     def trade(s: int) -> bool:
@@ -432,55 +444,91 @@ def _even_slots(
         third = int(values[order[2]]) if len(slot) > 2 else 0
         if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
             return False
-        maxima = np.array([int(bin_work[g].max()) for g in grid], dtype=np.int64)
-        room = maxima[slot_of] - bin_work
-        room[slot] = -1
-        partners = [int(b) for b in slot if b != heavy]
-        others = np.flatnonzero(room > 0)
-        if len(others) > SLOT_PARTNERS:
-            others = others[np.lexsort((others, -room[others]))[:SLOT_PARTNERS]]
+        # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
+        kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
+        partners = [int(slot[k]) for k in np.sort(kept)]
+        # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
+        # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
+        wanted = SLOT_PARTNERS + len(slot)
+        if len(room) > wanted:
+            threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
+            others = np.flatnonzero(room >= threshold)
+        else:
+            others = np.flatnonzero(room > 0)
+        others = others[slot_of[others] != s]
+        others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
         partners += others.tolist()
         if not partners:
             return False
-        chosen = {b: picked(b) for b in partners}
-        p_items = np.asarray([g for b in partners for g in chosen[b]], dtype=np.int64)
-        p_bins = np.asarray([b for b in partners for _ in chosen[b]], dtype=np.int64)
-        h_items = np.asarray(picked(heavy), dtype=np.int64)
+        chosen = [picked(b) for b in partners]
+        sizes = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
+        p_items = np.concatenate(chosen)
+        p_bins = np.repeat(np.asarray(partners, dtype=np.int64), sizes)
+        h_items = picked(heavy)
         h_work, h_tok = work[h_items], tokens[h_items]
-        same = slot_of[p_bins] == s
         # what the slot's maximum is without the heavy bin and the partner
         rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
         p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
 
-        def gains(delta: np.ndarray, ok: np.ndarray) -> np.ndarray:
-            lifted = p_value[None, :] + delta
-            same_max = np.maximum(np.maximum(top - delta, lifted), rest[None, :])
-            other_gain = top - np.maximum(top - delta, second) - np.maximum(0, lifted - p_top[None, :])
-            gain = np.where(same[None, :], top - same_max, other_gain)
-            tie = (gain == 0) & (delta > 0) & np.where(same[None, :], lifted < top, lifted <= p_top[None, :])
-            return np.where(ok & ((gain > 0) | tie), gain, big)
+        inside = sum(int(n) for n in sizes[:len(partners) - len(others)])  # columns of this slot's bins
+
+        def gains(delta: np.ndarray, ok: np.ndarray, columns: Any, cut: int) -> np.ndarray:
+            # columns [:cut] are bins of this slot, [cut:] of other slots: one formula each
+            value = p_value[columns]
+            d_in, d_out = delta[:, :cut], delta[:, cut:]
+            lifted = value[None, :cut] + d_in
+            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[columns][None, :cut])
+            keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
+            ceiling = p_top[columns][None, cut:]
+            lifted = value[None, cut:] + d_out
+            gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
+            keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
+            return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
         best = None  # (gain, delta, kind, i, j)
-        if len(parts[heavy]) > 1 and moves:
-            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(p_items)))
-            first = np.zeros(len(p_items), dtype=bool)  # one column per partner bin for moves
-            first[np.unique(p_bins, return_index=True)[1]] = True
-            ok = first[None, :] & (h_tok[:, None] <= (capacity - bin_tokens[p_bins])[None, :]) & (delta > 0)
-            score = gains(delta, ok)
+        first = np.cumsum(sizes) - sizes
+        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= capacity - int(bin_tokens[p_bins[first]].min()):
+            # a move depends on the partner bin only: one column per partner bin (its first item)
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
+            ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
+            score = gains(delta, ok, first, len(partners) - len(others))
             flat = int(np.argmax(score))
             if score.flat[flat] > big:
-                i, j = divmod(flat, len(p_items))
-                best = (int(score.flat[flat]), int(delta[i, j]), 0, i, j)
-        delta = h_work[:, None] - work[p_items][None, :]
-        shift = h_tok[:, None] - tokens[p_items][None, :]
-        ok = (delta > 0) & (shift <= (capacity - bin_tokens[p_bins])[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-        score = gains(delta, ok)
-        flat = int(np.argmax(score))
-        if score.flat[flat] > big:
-            i, j = divmod(flat, len(p_items))
-            candidate = (int(score.flat[flat]), int(delta[i, j]), 1, i, j)
-            if best is None or candidate[:2] > best[:2]:
-                best = candidate
+                i, c = divmod(flat, len(first))
+                best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
+        # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
+        # min(top - second, the partner's room) in another: columns that cannot reach the best
+        # move's gain (or that no heavy group outweighs) cannot win, and are left out.
+        p_work = work[p_items]
+        bound = np.minimum(h_work.max() - p_work, np.concatenate((
+            top - np.maximum(rest[:inside], p_value[:inside]),
+            np.minimum(top - second, p_top[inside:] - p_value[inside:]),
+        )))
+        keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
+        if len(keep):
+            k_work, k_tok, k_room = p_work[keep], tokens[p_items[keep]], capacity - bin_tokens[p_bins[keep]]
+            cut, ceiling = int(np.searchsorted(keep, inside)), int(bound[keep].max())
+            found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
+            # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
+            # reaches it the first maximum is there (usually: the block's few lightest groups).
+            for rows in (slice(0, SWAP_FIRST_ROWS), slice(SWAP_FIRST_ROWS, None)):
+                delta = h_work[rows, None] - k_work[None, :]
+                if delta.size == 0:
+                    continue
+                shift = h_tok[rows, None] - k_tok[None, :]
+                ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
+                score = gains(delta, ok, keep, cut)
+                flat = int(np.argmax(score))
+                if int(score.flat[flat]) > found[0]:
+                    i, c = divmod(flat, len(keep))
+                    found = (int(score.flat[flat]), i + rows.start, c)
+                if found[0] >= ceiling:
+                    break
+            if found[0] > big:
+                _, i, c = found
+                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(keep[c]))
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
         if best is None:
             return False
         _, _, kind, i, j = best
@@ -497,10 +545,18 @@ def _even_slots(
             bin_tokens[dst] += tokens[g]
             bin_work[src] -= work[g]
             bin_work[dst] += work[g]
+        for touched in {s, int(slot_of[target])}:
+            refresh(touched)
         return True
+
+    def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
+        maxima[s] = bin_work[grid[s]].max()
+        room[grid[s]] = maxima[s] - bin_work[grid[s]]
 
     if all(len(slot) < 2 for slot in slots):
         return parts
+    maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
+    room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
     for _ in range(SLOT_PASSES):
         excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
