@@ -57,8 +57,10 @@ def _rank(rank, world, init_file, out_dir):
     }
     # The engine's restore: verl's postprocess_batch_func on no-padding (jagged) micro-batches.
     batch = engine_batch(CAP, seed=rank)
-    if rank == 1:
-        batch = batch[:2]
+    if rank == 1:  # a short rank; tensordict 0.8 cannot slice jagged entries, seqbal's selection can
+        from seqbal.tensordict_compat import select_rows
+
+        batch = select_rows(batch, [0, 1])
     lengths = batch["input_ids"].offsets().diff().tolist()
     micro_batches, indices = verl_balancing.rearrange_micro_batches(
         batch, max_token_len=CAP, dp_group=group, dummy_micro_batches=True
