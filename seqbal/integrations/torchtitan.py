@@ -91,11 +91,12 @@ def plan_rows(
         [[[[0]], [[1, 2]]]]
     """
     from ..schedule import build_dp_schedule
+    from ..validation import int_argument, int_array
 
-    for name, value in (("seq_len", seq_len), ("local_batch_size", local_batch_size), ("dp_degree", dp_degree)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    array = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    seq_len = int_argument("seq_len", seq_len)
+    local_batch_size = int_argument("local_batch_size", local_batch_size)
+    dp_degree = int_argument("dp_degree", dp_degree)
+    array = int_array(lengths, "lengths", samples=True)
     over = np.flatnonzero(array > seq_len)
     if over.size:
         index = int(over[0])
