@@ -90,19 +90,35 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
         bottom = -parts[-1][0] if len(parts) == k else 0  # an empty part is the smallest
         return (bottom - top, -top, parts[0][1], node)  # largest spread, sum, size; oldest
 
+    # The heap orders states by key; the leaves (single items) never change until they are
+    # taken, so they wait outside it in key order (largest value first, the lower node among
+    # equal values) and each take compares the next leaf with the heap's top. The order of
+    # takes is that of one heap holding everything, at a heap of the few merged states.
+    heap: list[tuple[int, int, int, int]] = []
+    leaves: list[tuple[int, int, int, int]] = []  # (key..., node) of the leaves, in take order
     if equal_size:
         chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
         heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
-    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty); inlined
-        states.update((node, [(-value_list[i], -1, i)]) for node, i in enumerate(order))
-        heap = [(-value_list[i], -value_list[i], -1, node) for node, i in enumerate(order)]
-    heapq.heapify(heap)
+        heapq.heapify(heap)
+    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty)
+        ascending = [value_list[i] for i in order]
+        take = np.lexsort((np.arange(n), -values[order])).tolist()  # largest first, lower node first
+        leaves = [(-ascending[node], -ascending[node], -1, node) for node in take]
+    next_leaf, leaf_count = 0, len(leaves)
 
-    next_node = len(heap)
+    def take_state() -> list[tuple[int, int, int]]:
+        nonlocal next_leaf
+        if next_leaf < leaf_count and (not heap or leaves[next_leaf] < heap[0]):
+            node = leaves[next_leaf][3]
+            next_leaf += 1
+            return [(-ascending[node], -1, order[node])]
+        return states.pop(heapq.heappop(heap)[3])
+
+    next_node = len(heap) + leaf_count
     after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
-    while len(heap) > 1:
-        parts = states.pop(heapq.heappop(heap)[3])
-        other = states.pop(heapq.heappop(heap)[3])
+    while len(heap) + leaf_count - next_leaf > 1:
+        parts = take_state()
+        other = take_state()
         a, b = len(parts), len(other)
         if b == 1:  # the common merge, with a single item: one pairing or one insertion
             single = other[0]

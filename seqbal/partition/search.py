@@ -15,12 +15,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..validation import IntSequence, as_int_array, check_count, check_items_fit
+from ..validation import IntSequence, as_int_array, check_count, check_items_fit, exact_total
 from .balance import SMALL_COUNT, _balance_at
 from .bounds import packing_lower_bound
 from .feasibility import _fit_in, _Try
 from .packing import _reserving_fill_partitions, best_fit_decreasing_partitions
-from .parts import _descending, roundup_divisible
+from .parts import _descending, ceildiv, roundup_divisible
 
 # Tuning: which counts the search probes, and how hard each probe tries.
 
@@ -78,10 +78,19 @@ def smallest_feasible_partitions(
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
-    k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
-    if k0 > n:
-        return k0, None
+    # The plain bound ceildiv(total, cap) first: where the packing meets it, the stronger
+    # bound (as costly as a packing pass) cannot say more, since it lies between the two.
+    plain = roundup_divisible(max(min_count, ceildiv(exact_total(size), capacity), 1), step)
+    if plain > n:
+        return plain, None
+    if plain == 1:  # everything fits in one part: the only partition into one part
+        return 1, [list(range(n))]
     packing = best_fit_decreasing_partitions(size, capacity)
+    k0 = plain
+    if roundup_divisible(len(packing), step) > plain:
+        k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
+        if k0 > n:
+            return k0, None
     if roundup_divisible(len(packing), step) > k0:  # a search would run: another packing may land lower
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
