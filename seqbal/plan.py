@@ -668,6 +668,8 @@ def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_ba
     if not use_dynamic_bsz_balance:
         return parts
     cost = stage.plan.cost_model
+    if not cost.padded and stage.plan.group_size == 1:  # the plan's workloads are the samples' own
+        return order_for_pipeline(parts, stage.plan.group_workloads)
     measured = cost.rounded(stage.lengths)
     if cost.padded:  # a padded micro-batch computes on samples x its longest
         longest = [int(measured[p].max()) for p in parts]

@@ -108,8 +108,9 @@ class _Bins:
         self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
-        self.by_room = _SortedPairs(self._room_pairs())
-        self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None  # the repair needs none
+        # Each search keeps only the order it reads: the repair by room, the rebalance by workload.
+        self.by_room = None if by_work else _SortedPairs(self._room_pairs())
+        self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None
         #: A part's members as (workloads ascending, items) lists, kept until the part changes: the
         #: rebalance pairs the same light parts with one heavy part after another.
         self.ranked_by_work: dict[int, tuple[list[int], list[int]]] = {}
@@ -118,9 +119,11 @@ class _Bins:
         return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
 
     def _add(self, part: int, tokens: int, work: int) -> None:
-        self.by_room.remove((self.capacity - self.tokens[part], -part))
+        if self.by_room is not None:
+            self.by_room.remove((self.capacity - self.tokens[part], -part))
         self.tokens[part] += tokens
-        self.by_room.add((self.capacity - self.tokens[part], -part))
+        if self.by_room is not None:
+            self.by_room.add((self.capacity - self.tokens[part], -part))
         if self.by_work is not None:
             self.by_work.remove((self.work[part], part))
         self.work[part] += work

@@ -181,10 +181,14 @@ def rebalance_within_capacity(
         if heavy_work <= stop:
             break
         improved = False
+        # The heavy part stays the same while its partners are tried: its smallest item (by
+        # tokens and by workload) is found once per step, and rules out moves and swaps early.
+        heavy_items = state.members[heavy]
+        smallest = (min(map(state.tokens_of.__getitem__, heavy_items)), min(map(state.work_of.__getitem__, heavy_items)))
         for light_work, light in state.by_work.smallest(partners):
             if light == heavy or light_work >= heavy_work:
                 break
-            if _rebalance_pair(state, heavy, light, capacity):
+            if _rebalance_pair(state, heavy, light, capacity, smallest):
                 improved = True
                 break
         if not improved:
@@ -192,14 +196,19 @@ def rebalance_within_capacity(
     return state.result()
 
 
-def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool:
+def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int, smallest: tuple[int, int]) -> bool:
+    """The best move, else the best swap, between ``heavy`` and ``light`` (see
+    :func:`rebalance_within_capacity`), applied; False if none improves the pair. ``smallest``:
+    the heavy part's smallest item tokens and smallest item workload."""
     work_of, tokens_of = state.work_of, state.tokens_of
     diff = state.work[heavy] - state.work[light]
     room_light = capacity - state.tokens[light]
     room_heavy = capacity - state.tokens[heavy]
     heavy_items = state.members[heavy]
+    fewest_tokens, least_work = smallest
     # A move of workload w improves the pair iff 0 < w < diff; best is w closest to diff / 2.
-    if len(heavy_items) > 1:
+    # No item can move when the smallest does not fit or outweighs the difference.
+    if len(heavy_items) > 1 and fewest_tokens <= room_light and least_work < diff:
         best_item, best_gap = -1, diff
         for item in heavy_items:
             w = work_of[item]
@@ -212,7 +221,7 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int) -> bool
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
     light_work, light_items = state.work_ranked(light)
-    if not light_items or min(map(work_of.__getitem__, heavy_items)) - light_work[-1] >= diff:
+    if not light_items or least_work - light_work[-1] >= diff:
         # Every heavy item outweighs every light one by diff or more, so no swap improves the
         # pair: most pairings that fail end here (a heavy part of long sequences against light
         # parts of short ones), before the per-item search.

@@ -69,7 +69,11 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
     [[0, 1, 6], [2, 3, 4, 5]]
     """
     sizes = as_int_array(lengths)
-    capacity = check_items_fit(sizes, capacity)
+    return _best_fit_decreasing(sizes, check_items_fit(sizes, capacity))
+
+
+def _best_fit_decreasing(sizes: np.ndarray, capacity: int) -> list[list[int]]:
+    """:func:`best_fit_decreasing_partitions` on a checked int64 array and capacity."""
     order = np.lexsort((np.arange(len(sizes)), -sizes)).tolist()
     size_list = sizes.tolist()
     rooms: list[tuple[int, int]] = []  # sorted (free room, bin index)

@@ -19,7 +19,7 @@ from ..validation import IntSequence, as_int_array, check_count, check_items_fit
 from .balance import SMALL_COUNT, _balance_at
 from .bounds import packing_lower_bound
 from .feasibility import _fit_in, _Try
-from .packing import _reserving_fill_partitions, best_fit_decreasing_partitions
+from .packing import _best_fit_decreasing, _reserving_fill_partitions
 from .parts import _descending, ceildiv, roundup_divisible
 
 # Tuning: which counts the search probes, and how hard each probe tries.
@@ -46,7 +46,9 @@ def smallest_feasible_partitions(
     cap-respecting partition is found, and a balanced partition at that count.
 
     The count is decided before any balancing. It lies between the bound ``k0`` (the larger
-    of ``min_count`` and :func:`packing_lower_bound`, rounded up to ``step``) and the count
+    of ``min_count`` and :func:`packing_lower_bound`, rounded up to ``step``; where the
+    packing already meets ``ceildiv(total, capacity)`` that is ``k0`` and the stronger bound is
+    not computed, and where everything fits in one part that part is the answer) and the count
     ``b`` of a packing rounded up to ``step``, where a partition is known (split the
     packing): best-fit decreasing, or where that lands above ``k0`` the better of it and
     :func:`_reserving_fill_partitions`. Counts below ``b`` are tried with one feasibility try,
@@ -85,7 +87,7 @@ def smallest_feasible_partitions(
         return plain, None
     if plain == 1:  # everything fits in one part: the only partition into one part
         return 1, [list(range(n))]
-    packing = best_fit_decreasing_partitions(size, capacity)
+    packing = _best_fit_decreasing(size, capacity)  # the items were checked above
     k0 = plain
     if roundup_divisible(len(packing), step) > plain:
         k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
