@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _small_exact, _windows
+from .partition import exact as _small_exact, windows as _windows
 from .cost import CostModel, as_cost_model, padded_min_count, padded_partitions
 from .partition import capped_balanced_partitions, packing_lower_bound, roundup_divisible, smallest_feasible_partitions
 from .partition.parts import _part_sums
@@ -240,7 +240,7 @@ class _LocalPlan:
     count: int  # smallest count (>= min, multiple of step) at which this rank meets the cap
     parts: list[list[int]]  # a cap-respecting partition of the groups into ``count`` parts
     # Padded cost of micro-batches trimmed to their window (trim_padding): each group's first
-    # and last-plus-one columns (seqbal._windows); ``group_longest`` then holds their widths.
+    # and last-plus-one columns (seqbal.partition.windows); ``group_longest`` then holds their widths.
     windows: Optional[tuple[np.ndarray, np.ndarray]] = None
 
     @property
@@ -272,7 +272,7 @@ class _LocalPlan:
 
     def _windowed_partition(self, count: int, known: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
         """``count`` parts whose trimmed windows fit: the padded partition on the groups' own
-        widths, over-cap parts cut (``seqbal._windows``); where that gives more than ``count``
+        widths, over-cap parts cut (``seqbal.partition.windows``); where that gives more than ``count``
         parts, ``known`` (a feasible partition with fewer) split up to ``count``."""
         starts, stops = self.windows
         g, round_to = self.group_size, self.cost_model.round_to
@@ -425,7 +425,7 @@ def _one_multiple_lower(
     """``(count, parts)``, or one multiple of ``step`` lower where a few groups fit in it.
 
     Rounding to a multiple of ``num_batches_divided_by`` turns a count the search's tries miss
-    into a whole multiple more. On a few groups (``seqbal._small_exact.MAX_ITEMS``), when the
+    into a whole multiple more. On a few groups (``seqbal.partition.exact.MAX_ITEMS``), when the
     multiple below is not below the packing bound, a budgeted exact search looks for it, and the
     partition it finds is balanced by :func:`capped_balanced_partitions`. Costs nothing with
     ``step == 1``, on larger batches, or at the bound.

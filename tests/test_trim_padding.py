@@ -274,7 +274,7 @@ def test_micro_batches_and_restore_keep_the_batch_dim_names() -> None:
 def test_windowed_plan_fits_at_every_count_up_to_the_samples(windows, cap_extra, round_to) -> None:
     """What the agreement relies on: a rank's windowed plan splits into a cap-respecting one at
     any larger count (a peer may need more micro-batches), up to its number of samples."""
-    from seqbal._windows import window_cost
+    from seqbal.partition.windows import window_cost
     from seqbal.plan import _local_plan
 
     starts = np.array([min(a, b) for a, b in windows], dtype=np.int64)

@@ -29,6 +29,8 @@ One module per concern, in the order a call uses them:
 - :mod:`.search`: the count search (:func:`smallest_feasible_partitions`);
 - :mod:`.kk`: Karmarkar-Karp, item-level and chunked;
 - :mod:`.balance`: the balance at the chosen count (:func:`capped_balanced_partitions`);
+- :mod:`.exact`: a budgeted exact search on a few items (a count the tries miss, under a divisor);
+- :mod:`.windows`: the padded cost of micro-batches trimmed to their padding window;
 - :mod:`.parts`: part sums and labels, ``ceildiv``; input checks live in :mod:`seqbal.validation`.
 """
 

@@ -7,10 +7,8 @@ try finds). That costs most where the count is then rounded up to a multiple of
 depth-first search settles the question: items in decreasing order, each into a part with room
 (parts of equal load are tried once), a part that is left empty never followed by another
 empty one. It stops after :data:`NODE_BUDGET` placements, so its cost is bounded whatever the
-input; ``None`` means "not found", not "impossible".
-
-Meant to move into the partition package with the other algorithms; kept apart here because
-that package is being reorganised (pure NumPy, no torch, no seqbal state).
+input; ``None`` means "not found", not "impossible". The planner calls it only with
+``num_batches_divided_by`` and at most :data:`MAX_ITEMS` groups.
 """
 
 from __future__ import annotations
