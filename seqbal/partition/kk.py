@@ -81,89 +81,106 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     # A state is the list of its non-empty parts as (-sum, -size, part id), in descending
     # (sum, size) order (ascending tuples, so bisect works). Part ids below n are the items
     # themselves; a paired part gets the next id and its two children are recorded.
+    # A state's key is (spread, -top sum, -top size, node) with spread = bottom - top <= 0
+    # (sums are negated): the smallest key is the largest spread, then the largest top part,
+    # then the oldest state (node ids in creation order, leaves first).
     children: list[tuple[int, int]] = []
     states: dict[int, list[tuple[int, int, int]]] = {}
-
-    def entry(node: int, parts: list[tuple[int, int, int]]) -> tuple[int, int, int, int]:
-        states[node] = parts
-        top = -parts[0][0]
-        bottom = -parts[-1][0] if len(parts) == k else 0  # an empty part is the smallest
-        return (bottom - top, -top, parts[0][1], node)  # largest spread, sum, size; oldest
-
-    # The heap orders states by key; the leaves (single items) never change until they are
-    # taken, so they wait outside it in key order (largest value first, the lower node among
-    # equal values) and each take compares the next leaf with the heap's top. The order of
-    # takes is that of one heap holding everything, at a heap of the few merged states.
-    heap: list[tuple[int, int, int, int]] = []
-    leaves: list[tuple[int, int, int, int]] = []  # (key..., node) of the leaves, in take order
+    # The heap holds the merged states by key; the leaves (single items) never change until
+    # they are taken, so they wait outside it in key order (largest value first, the lower
+    # node among equal values), and each take compares the next leaf's key with the heap's
+    # top: the order of takes is that of one heap holding everything. ``exhausted`` compares
+    # above every key (spreads are <= 0) and ends both queues, so no take checks a length.
+    exhausted = (1, 0, 0, 0)
+    heap: list[tuple[int, int, int, int]] = [exhausted]
+    leaf_keys: list[tuple[int, int, int, int]] = [exhausted]  # in take order
+    leaf_parts: list[tuple[int, int, int]] = []  # the leaves' single parts, in the same order
     if equal_size:
-        chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
-        heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+        for node, offset in enumerate(range(0, n, k)):
+            parts = [(-value_list[i], -1, i) for i in reversed(order[offset:offset + k])]  # i-th largest first
+            states[node] = parts
+            top, bottom = parts[0], parts[-1]
+            heap.append((top[0] - bottom[0], top[0], top[1], node))
         heapq.heapify(heap)
-    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty)
+    else:  # one item per leaf: spread = -value (k >= 2, so the other parts are empty)
         ascending = [value_list[i] for i in order]
         take = np.lexsort((np.arange(n), -values[order])).tolist()  # largest first, lower node first
-        leaves = [(-ascending[node], -ascending[node], -1, node) for node in take]
-    next_leaf, leaf_count = 0, len(leaves)
+        leaf_keys = [(-ascending[node], -ascending[node], -1, node) for node in take] + leaf_keys
+        leaf_parts = [(-ascending[node], -1, order[node]) for node in take]
 
-    def take_state() -> list[tuple[int, int, int]]:
-        nonlocal next_leaf
-        if next_leaf < leaf_count and (not heap or leaves[next_leaf] < heap[0]):
-            node = leaves[next_leaf][3]
-            next_leaf += 1
-            return [(-ascending[node], -1, order[node])]
-        return states.pop(heapq.heappop(heap)[3])
-
-    next_node = len(heap) + leaf_count
+    heappush, heappop, bisect_right, add_child = heapq.heappush, heapq.heappop, bisect.bisect_right, children.append
+    next_node = len(states) + len(leaf_parts)
     after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
-    while len(heap) + leaf_count - next_leaf > 1:
-        parts = take_state()
-        other = take_state()
-        a, b = len(parts), len(other)
-        if b == 1:  # the common merge, with a single item: one pairing or one insertion
-            single = other[0]
-            if a == k:
+    next_leaf = 0
+    # The state just merged stays "in hand" (outside the heap and ``states``) when its key is
+    # below both the heap's top and the next leaf's: it would be the very next pop, so the
+    # push and pop are skipped. Its node id is assigned as on the heap path, so the keys it is
+    # compared with later are the same. Most merges are such a state taking the next leaf
+    # (an LPT-like run: the leaf joins the smallest part while the state keeps the largest
+    # spread).
+    hand: list[tuple[int, int, int]] | None = None
+    for _ in range(next_node - 1):  # every merge turns two states into one
+        if hand is not None:
+            parts = hand
+        elif leaf_keys[next_leaf] < heap[0]:
+            parts = [leaf_parts[next_leaf]]
+            next_leaf += 1
+        else:
+            parts = states.pop(heappop(heap)[3])
+        if leaf_keys[next_leaf] < heap[0]:
+            # The common merge, with a single item (the heap's states all have >= 2 parts):
+            # one pairing of the item with the smallest part if this state is full, and one
+            # insertion.
+            neg_sum, neg_size, part = leaf_parts[next_leaf]
+            next_leaf += 1
+            if len(parts) == k:
                 smallest = parts.pop()
-                children.append((smallest[2], single[2]))
-                single = (smallest[0] + single[0], smallest[1] + single[1], n + len(children) - 1)
-            parts.insert(bisect.bisect_right(parts, (single[0], single[1], after_ties)), single)
-            states[next_node] = parts  # entry(), inlined on this hot path
-            neg_top = parts[0][0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
-            spread = neg_top - (parts[-1][0] if len(parts) == k else 0)
-            heapq.heappush(heap, (spread, neg_top, parts[0][1], next_node))
-            next_node += 1
-            continue
-        # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
-        # positions below k - b meet an empty part of the other state and stay as they are.
-        new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
-        for i in range(k - b, a):
-            mine, theirs = parts[i], other[k - 1 - i]
-            children.append((mine[2], theirs[2]))
-            new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
-        for j in range(min(k - a, b)):
-            new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
-        new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
-        del parts[min(a, k - b):]
-        # Each new part goes after every kept part of equal key (the kept parts all have lower
-        # positions); ``after_ties`` compares above any part id.
-        if len(new) <= 16:
-            for neg_sum, neg_size, _, part in new:
-                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
-        else:  # one linear merge: C-level slice copies between binary searches
-            merged, start = [], 0
-            for neg_sum, neg_size, _, part in new:
-                end = bisect.bisect_right(parts, (neg_sum, neg_size, after_ties), start)
-                merged += parts[start:end]
-                merged.append((neg_sum, neg_size, part))
-                start = end
-            merged += parts[start:]
-            parts = merged
-        heapq.heappush(heap, entry(next_node, parts))
+                add_child((smallest[2], part))
+                neg_sum += smallest[0]
+                neg_size += smallest[1]
+                part = n + len(children) - 1
+            parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+        else:
+            other = states.pop(heappop(heap)[3])
+            a, b = len(parts), len(other)
+            # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+            # positions below k - b meet an empty part of the other state and stay as they are.
+            new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+            for i in range(k - b, a):
+                mine, theirs = parts[i], other[k - 1 - i]
+                add_child((mine[2], theirs[2]))
+                new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+            for j in range(min(k - a, b)):
+                new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+            new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+            del parts[min(a, k - b):]
+            # Each new part goes after every kept part of equal key (the kept parts all have lower
+            # positions); ``after_ties`` compares above any part id.
+            if len(new) <= 16:
+                for neg_sum, neg_size, _, part in new:
+                    parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+            else:  # one linear merge: C-level slice copies between binary searches
+                merged, start = [], 0
+                for neg_sum, neg_size, _, part in new:
+                    end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                    merged += parts[start:end]
+                    merged.append((neg_sum, neg_size, part))
+                    start = end
+                merged += parts[start:]
+                parts = merged
+        top = parts[0]  # spread = bottom - top; an empty part is the smallest
+        key = (top[0] - parts[-1][0] if len(parts) == k else top[0], top[0], top[1], next_node)
+        if key < heap[0] and key < leaf_keys[next_leaf]:
+            hand = parts
+        else:
+            hand = None
+            states[next_node] = parts
+            heappush(heap, key)
         next_node += 1
 
     # Resolve the merge tree: a paired part's children inherit its final part.
     label = [0] * (n + len(children))
-    for part, (_, _, part_id) in enumerate(states[heap[0][3]]):
+    for part, (_, _, part_id) in enumerate(parts):
         label[part_id] = part
     for combined in range(len(children) - 1, -1, -1):
         left, right = children[combined]
