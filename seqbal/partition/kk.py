@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from itertools import repeat
 
 import numpy as np
 
@@ -76,26 +77,29 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     if k == 1:
         return [list(range(n))]
 
-    order = np.lexsort((np.arange(n), values)).tolist()  # ascending value, index breaks ties
-    value_list = values.tolist()
     # A state is the list of its non-empty parts as (-sum, -size, part id), in descending
     # (sum, size) order (ascending tuples, so bisect works). Part ids below n are the items
     # themselves; a paired part gets the next id and its two children are recorded.
     # A state's key is (spread, -top sum, -top size, node) with spread = bottom - top <= 0
     # (sums are negated): the smallest key is the largest spread, then the largest top part,
-    # then the oldest state (node ids in creation order, leaves first).
+    # then the oldest state (node ids in creation order: the leaves are nodes 0..n-1, numbered
+    # by ascending value and index, then the merged states).
     children: list[tuple[int, int]] = []
     states: dict[int, list[tuple[int, int, int]]] = {}
     # The heap holds the merged states by key; the leaves (single items) never change until
     # they are taken, so they wait outside it in key order (largest value first, the lower
-    # node among equal values), and each take compares the next leaf's key with the heap's
-    # top: the order of takes is that of one heap holding everything. ``exhausted`` compares
-    # above every key (spreads are <= 0) and ends both queues, so no take checks a length.
+    # index among equal values), and each take compares the next leaf's key with the heap's
+    # top: the order of takes is that of one heap holding everything. A leaf's key is compared
+    # only with merged states' keys, whose nodes are all >= n, so node 0 stands for every
+    # leaf's node. ``exhausted`` compares above every key (spreads are <= 0) and ends both
+    # queues, so no take checks a length.
     exhausted = (1, 0, 0, 0)
     heap: list[tuple[int, int, int, int]] = [exhausted]
     leaf_keys: list[tuple[int, int, int, int]] = [exhausted]  # in take order
     leaf_parts: list[tuple[int, int, int]] = []  # the leaves' single parts, in the same order
     if equal_size:
+        value_list = values.tolist()
+        order = np.argsort(values, kind="stable").tolist()  # ascending value, index breaks ties
         for node, offset in enumerate(range(0, n, k)):
             parts = [(-value_list[i], -1, i) for i in reversed(order[offset:offset + k])]  # i-th largest first
             states[node] = parts
@@ -103,10 +107,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
             heap.append((top[0] - bottom[0], top[0], top[1], node))
         heapq.heapify(heap)
     else:  # one item per leaf: spread = -value (k >= 2, so the other parts are empty)
-        ascending = [value_list[i] for i in order]
-        take = np.lexsort((np.arange(n), -values[order])).tolist()  # largest first, lower node first
-        leaf_keys = [(-ascending[node], -ascending[node], -1, node) for node in take] + leaf_keys
-        leaf_parts = [(-ascending[node], -1, order[node]) for node in take]
+        take = np.argsort(-values, kind="stable")  # largest first, lower index first
+        neg_values = (-values[take]).tolist()
+        leaf_keys = list(zip(neg_values, neg_values, repeat(-1), repeat(0))) + leaf_keys
+        leaf_parts = list(zip(neg_values, repeat(-1), take.tolist()))
 
     heappush, heappop, bisect_right, add_child = heapq.heappush, heapq.heappop, bisect.bisect_right, children.append
     next_node = len(states) + len(leaf_parts)
@@ -143,31 +147,40 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
         else:
             other = states.pop(heappop(heap)[3])
             a, b = len(parts), len(other)
-            # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
-            # positions below k - b meet an empty part of the other state and stay as they are.
-            new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
-            for i in range(k - b, a):
-                mine, theirs = parts[i], other[k - 1 - i]
-                add_child((mine[2], theirs[2]))
-                new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
-            for j in range(min(k - a, b)):
-                new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
-            new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
-            del parts[min(a, k - b):]
-            # Each new part goes after every kept part of equal key (the kept parts all have lower
-            # positions); ``after_ties`` compares above any part id.
-            if len(new) <= 16:
-                for neg_sum, neg_size, _, part in new:
-                    parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
-            else:  # one linear merge: C-level slice copies between binary searches
-                merged, start = [], 0
-                for neg_sum, neg_size, _, part in new:
-                    end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
-                    merged += parts[start:end]
-                    merged.append((neg_sum, neg_size, part))
-                    start = end
-                merged += parts[start:]
-                parts = merged
+            if a == k == b:  # two full states: part i pairs with the other's part k - 1 - i
+                base = n + len(children)
+                children += [(mine[2], theirs[2]) for mine, theirs in zip(parts, reversed(other))]
+                # The new part ids grow with the position, so they break ties as the position does.
+                parts = sorted([
+                    (mine[0] + theirs[0], mine[1] + theirs[1], part)
+                    for part, mine, theirs in zip(range(base, base + k), parts, reversed(other))
+                ])
+            else:
+                # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+                # positions below k - b meet an empty part of the other state and stay as they are.
+                new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+                for i in range(k - b, a):
+                    mine, theirs = parts[i], other[k - 1 - i]
+                    add_child((mine[2], theirs[2]))
+                    new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+                for j in range(min(k - a, b)):
+                    new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+                new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+                del parts[min(a, k - b):]
+                # Each new part goes after every kept part of equal key (the kept parts all have lower
+                # positions); ``after_ties`` compares above any part id.
+                if len(new) <= 16:
+                    for neg_sum, neg_size, _, part in new:
+                        parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                else:  # one linear merge: C-level slice copies between binary searches
+                    merged, start = [], 0
+                    for neg_sum, neg_size, _, part in new:
+                        end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                        merged += parts[start:end]
+                        merged.append((neg_sum, neg_size, part))
+                        start = end
+                    merged += parts[start:]
+                    parts = merged
         top = parts[0]  # spread = bottom - top; an empty part is the smallest
         key = (top[0] - parts[-1][0] if len(parts) == k else top[0], top[0], top[1], next_node)
         if key < heap[0] and key < leaf_keys[next_leaf]:
