@@ -112,77 +112,109 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
         leaf_keys = list(zip(neg_values, neg_values, repeat(-1), repeat(0))) + leaf_keys
         leaf_parts = list(zip(neg_values, repeat(-1), take.tolist()))
 
-    heappush, heappop, bisect_right, add_child = heapq.heappush, heapq.heappop, bisect.bisect_right, children.append
+    heappush, heappop, add_child = heapq.heappush, heapq.heappop, children.append
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     next_node = len(states) + len(leaf_parts)
-    after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
+    after_ties = 2 * n  # larger than every part id and node id (there are fewer than 2 n of each)
     next_leaf = 0
     # The state just merged stays "in hand" (outside the heap and ``states``) when its key is
-    # below both the heap's top and the next leaf's: it would be the very next pop, so the
-    # push and pop are skipped. Its node id is assigned as on the heap path, so the keys it is
-    # compared with later are the same. Most merges are such a state taking the next leaf
-    # (an LPT-like run: the leaf joins the smallest part while the state keeps the largest
-    # spread).
+    # below both the heap's top and the next leaf's: it would be the very next take, so the
+    # push and pop are skipped. Its node id is assigned as on the heap path, so every key
+    # comparison is the one the heap would make. Most merges are such a state taking the
+    # next leaf, in runs handled below without the heap.
     hand: list[tuple[int, int, int]] | None = None
-    for _ in range(next_node - 1):  # every merge turns two states into one
+    merges_left = next_node - 1  # every merge turns two states into one
+    while merges_left:
+        heap_top = heap[0]
         if hand is not None:
             parts = hand
-        elif leaf_keys[next_leaf] < heap[0]:
+        elif leaf_keys[next_leaf] < heap_top:
             parts = [leaf_parts[next_leaf]]
             next_leaf += 1
         else:
             parts = states.pop(heappop(heap)[3])
-        if leaf_keys[next_leaf] < heap[0]:
-            # The common merge, with a single item (the heap's states all have >= 2 parts):
-            # one pairing of the item with the smallest part if this state is full, and one
-            # insertion.
-            neg_sum, neg_size, part = leaf_parts[next_leaf]
-            next_leaf += 1
-            if len(parts) == k:
+            heap_top = heap[0]
+        a = len(parts)
+        if a == k and leaf_keys[next_leaf] < heap_top:
+            # A full state and a single item (the heap's states all have >= 2 parts, so the
+            # second take is a single item exactly when it is a leaf): the item pairs with the
+            # smallest part. While the result is again below the next leaf, which is below the
+            # heap's top, the next merge is the same state with the next leaf: an LPT-like run
+            # (the item joins the smallest part) as long as the state keeps the largest spread.
+            next_part = n + len(children)
+            while True:
+                neg_sum, _, part = leaf_parts[next_leaf]
+                next_leaf += 1
                 smallest = parts.pop()
                 add_child((smallest[2], part))
                 neg_sum += smallest[0]
-                neg_size += smallest[1]
-                part = n + len(children) - 1
-            parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                neg_size = smallest[1] - 1
+                parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, next_part))
+                next_part += 1
+                merges_left -= 1
+                top = parts[0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
+                key = (top[0] - parts[-1][0], top[0], top[1], next_node)
+                if not key < leaf_keys[next_leaf] < heap_top:
+                    break
+                next_node += 1
         else:
-            other = states.pop(heappop(heap)[3])
-            a, b = len(parts), len(other)
-            if a == k == b:  # two full states: part i pairs with the other's part k - 1 - i
-                base = n + len(children)
-                children += [(mine[2], theirs[2]) for mine, theirs in zip(parts, reversed(other))]
-                # The new part ids grow with the position, so they break ties as the position does.
-                parts = sorted([
-                    (mine[0] + theirs[0], mine[1] + theirs[1], part)
-                    for part, mine, theirs in zip(range(base, base + k), parts, reversed(other))
-                ])
+            if leaf_keys[next_leaf] < heap_top:
+                # A state of a < k parts and a single item: the item is inserted. When the state
+                # is a merged one whose (spread, top sum, top size) is strictly below the item's
+                # and the heap top's, inserting smaller items leaves those three unchanged (its
+                # spread is its top sum, an empty part being the smallest), so the state stays
+                # the next take and takes every following leaf below the heap's top, up to k
+                # parts: those insertions are done at once, one merge (and node id) each.
+                top = parts[0]
+                probe = (top[0], top[0], top[1], after_ties)
+                count = 1
+                if a > 1 and probe < leaf_keys[next_leaf] and probe < heap_top:
+                    count = min(k - a, bisect_left(leaf_keys, heap_top, next_leaf) - next_leaf)
+                for neg_sum, neg_size, part in leaf_parts[next_leaf:next_leaf + count]:
+                    parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                next_leaf += count
+                merges_left -= count
+                next_node += count - 1
             else:
-                # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
-                # positions below k - b meet an empty part of the other state and stay as they are.
-                new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
-                for i in range(k - b, a):
-                    mine, theirs = parts[i], other[k - 1 - i]
-                    add_child((mine[2], theirs[2]))
-                    new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
-                for j in range(min(k - a, b)):
-                    new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
-                new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
-                del parts[min(a, k - b):]
-                # Each new part goes after every kept part of equal key (the kept parts all have lower
-                # positions); ``after_ties`` compares above any part id.
-                if len(new) <= 16:
-                    for neg_sum, neg_size, _, part in new:
-                        parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
-                else:  # one linear merge: C-level slice copies between binary searches
-                    merged, start = [], 0
-                    for neg_sum, neg_size, _, part in new:
-                        end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
-                        merged += parts[start:end]
-                        merged.append((neg_sum, neg_size, part))
-                        start = end
-                    merged += parts[start:]
-                    parts = merged
-        top = parts[0]  # spread = bottom - top; an empty part is the smallest
-        key = (top[0] - parts[-1][0] if len(parts) == k else top[0], top[0], top[1], next_node)
+                other = states.pop(heappop(heap)[3])
+                merges_left -= 1
+                b = len(other)
+                if a == k == b:  # two full states: part i pairs with the other's part k - 1 - i
+                    base = n + len(children)
+                    children += [(mine[2], theirs[2]) for mine, theirs in zip(parts, reversed(other))]
+                    # The new part ids grow with the position, so they break ties as it does.
+                    parts = sorted([
+                        (mine[0] + theirs[0], mine[1] + theirs[1], part)
+                        for part, mine, theirs in zip(range(base, base + k), parts, reversed(other))
+                    ])
+                else:
+                    # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+                    # positions below k - b meet an empty part of the other state and stay as they are.
+                    new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+                    for i in range(k - b, a):
+                        mine, theirs = parts[i], other[k - 1 - i]
+                        add_child((mine[2], theirs[2]))
+                        new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+                    for j in range(min(k - a, b)):
+                        new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+                    new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+                    del parts[min(a, k - b):]
+                    # Each new part goes after every kept part of equal key (the kept parts all have lower
+                    # positions); ``after_ties`` compares above any part id.
+                    if len(new) <= 16:
+                        for neg_sum, neg_size, _, part in new:
+                            parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                    else:  # one linear merge: C-level slice copies between binary searches
+                        merged, start = [], 0
+                        for neg_sum, neg_size, _, part in new:
+                            end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                            merged += parts[start:end]
+                            merged.append((neg_sum, neg_size, part))
+                            start = end
+                        merged += parts[start:]
+                        parts = merged
+            top = parts[0]
+            key = (top[0] - parts[-1][0] if len(parts) == k else top[0], top[0], top[1], next_node)
         if key < heap[0] and key < leaf_keys[next_leaf]:
             hand = parts
         else:
