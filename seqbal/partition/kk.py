@@ -113,7 +113,7 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
         leaf_parts = list(zip(neg_values, repeat(-1), take.tolist()))
 
     heappush, heappop, add_child = heapq.heappush, heapq.heappop, children.append
-    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+    bisect_left, bisect_right, insort_right = bisect.bisect_left, bisect.bisect_right, bisect.insort_right
     next_node = len(states) + len(leaf_parts)
     after_ties = 2 * n  # larger than every part id and node id (there are fewer than 2 n of each)
     next_leaf = 0
@@ -141,15 +141,15 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
             # smallest part. While the result is again below the next leaf, which is below the
             # heap's top, the next merge is the same state with the next leaf: an LPT-like run
             # (the item joins the smallest part) as long as the state keeps the largest spread.
+            # The new part's id is above every id in the state, so inserting it after its
+            # equals by its own tuple is the insertion after every part of equal (sum, size).
             next_part = n + len(children)
             while True:
-                neg_sum, _, part = leaf_parts[next_leaf]
+                neg_value, _, item = leaf_parts[next_leaf]
                 next_leaf += 1
-                smallest = parts.pop()
-                add_child((smallest[2], part))
-                neg_sum += smallest[0]
-                neg_size = smallest[1] - 1
-                parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, next_part))
+                neg_sum, neg_size, smallest = parts.pop()
+                add_child((smallest, item))
+                insort_right(parts, (neg_sum + neg_value, neg_size - 1, next_part))
                 next_part += 1
                 merges_left -= 1
                 top = parts[0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
@@ -159,16 +159,17 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
                 next_node += 1
         else:
             if leaf_keys[next_leaf] < heap_top:
-                # A state of a < k parts and a single item: the item is inserted. When the state
-                # is a merged one whose (spread, top sum, top size) is strictly below the item's
-                # and the heap top's, inserting smaller items leaves those three unchanged (its
-                # spread is its top sum, an empty part being the smallest), so the state stays
-                # the next take and takes every following leaf below the heap's top, up to k
+                # A state of a < k parts and a single item: the item is inserted after the top
+                # part (this state was taken before the item, so its top part is not smaller),
+                # which leaves the key's (spread, top sum, top size) as they were: its spread is
+                # its top sum, an empty part being the smallest. When those three are strictly
+                # below the next leaf's and the heap top's, the result, the newest state, is the
+                # next take again and takes every following leaf below the heap's top, up to k
                 # parts: those insertions are done at once, one merge (and node id) each.
                 top = parts[0]
                 probe = (top[0], top[0], top[1], after_ties)
                 count = 1
-                if a > 1 and probe < leaf_keys[next_leaf] and probe < heap_top:
+                if probe < leaf_keys[next_leaf + 1] and probe < heap_top:
                     count = min(k - a, bisect_left(leaf_keys, heap_top, next_leaf) - next_leaf)
                 for neg_sum, neg_size, part in leaf_parts[next_leaf:next_leaf + count]:
                     parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
