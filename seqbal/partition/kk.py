@@ -45,8 +45,15 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     of them in the whole run, and the typical merge (a full state and a single item) is one
     binary-search insertion.
 
-    Complexity: O(n log n) heap steps plus O(log k) per inserted part and a C-level list
-    insertion of at most ``k`` entries; O(n) memory (a merge tree of parts, resolved at the end).
+    Only merged states go through the heap: the single items wait in one sorted queue, and
+    the state just merged is kept out of the heap while its key is below both queues' heads
+    (it is the next take anyway). Most merges are then runs of such a state taking the next
+    items, done without heap operations, in the order and with the ids that one heap of
+    every state would give, so the result is exactly the plain algorithm's.
+
+    Complexity: O(n log n) (heap steps only where a run ends) plus
+    O(log k) per inserted part and a C-level list insertion of at most ``k`` entries; O(n)
+    memory (a merge tree of parts, resolved at the end).
 
     Args:
         seqlen_list: non-negative values to balance (lengths or workloads).
