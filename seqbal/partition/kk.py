@@ -238,7 +238,10 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     for combined in range(len(children) - 1, -1, -1):
         left, right = children[combined]
         label[left] = label[right] = label[n + combined]
-    return _groups_from_assignment(np.array(label[:n], dtype=np.int64), k)
+    groups: list[list[int]] = [[] for _ in range(k)]  # at these sizes cheaper than NumPy's grouping
+    for item, part in enumerate(label[:n]):
+        groups[part].append(item)  # ascending indices within each part
+    return groups
 
 
 def _chunked_karmarkar_karp(values: np.ndarray, k: int, per_chunk: int) -> list[list[int]]:
