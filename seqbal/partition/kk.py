@@ -2,7 +2,7 @@
 
 KK is the balance verl uses and the best cheap one known for sums of few parts. It is kept
 exact and deterministic (integer sums, ties broken by size and position), so a plan is the
-same on every machine. Item-level KK costs O(n log n) interpreter steps, 4 to 9 passes of
+same on every machine. Item-level KK costs O(n log n) interpreter steps, 1 to 4 passes of
 best-fit decreasing; from :data:`CHUNKED_KK_MIN_ITEMS` items the balance runs a chunked KK
 instead, merging whole states of ``k`` parts as NumPy vectors (O(n / k) interpreter steps),
 within 0.6% of item-level KK's heaviest part on the benchmark families. Below that size a
@@ -257,7 +257,7 @@ def _chunked_karmarkar_karp(values: np.ndarray, k: int, per_chunk: int) -> list[
 
     Complexity: ``n / per_chunk`` merges of O(k log k) NumPy work each: O(n log k) with
     O(n / per_chunk) interpreter steps when ``per_chunk`` is a fixed fraction of ``k``
-    (item-level :func:`karmarkar_karp` takes O(n log n) interpreter steps, 4 to 9 passes of
+    (item-level :func:`karmarkar_karp` takes O(n log n) interpreter steps, 1 to 4 passes of
     best-fit decreasing). Deterministic; indices ascending within a part.
     """
     n = len(values)
