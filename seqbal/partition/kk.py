@@ -90,7 +90,7 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     # A state's key is (spread, -top sum, -top size, node) with spread = bottom - top <= 0
     # (sums are negated): the smallest key is the largest spread, then the largest top part,
     # then the oldest state (node ids in creation order: the leaves are nodes 0..n-1, numbered
-    # by ascending value and index, then the merged states).
+    # by ascending value and index (with equal_size, the chunks), then the merged states).
     children: list[tuple[int, int]] = []
     states: dict[int, list[tuple[int, int, int]]] = {}
     # The heap holds the merged states by key; the leaves (single items) never change until
@@ -174,7 +174,7 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
                 # next take again and takes every following leaf below the heap's top, up to k
                 # parts: those insertions are done at once, one merge (and node id) each.
                 top = parts[0]
-                probe = (top[0], top[0], top[1], after_ties)
+                probe = (top[0], top[0], top[1], after_ties)  # above every node: '<' is strict on the three
                 count = 1
                 if probe < leaf_keys[next_leaf + 1] and probe < heap_top:
                     count = min(k - a, bisect_left(leaf_keys, heap_top, next_leaf) - next_leaf)
@@ -211,7 +211,8 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
                     # positions); ``after_ties`` compares above any part id.
                     if len(new) <= 16:
                         for neg_sum, neg_size, _, part in new:
-                            parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                            position = bisect_right(parts, (neg_sum, neg_size, after_ties))
+                            parts.insert(position, (neg_sum, neg_size, part))
                     else:  # one linear merge: C-level slice copies between binary searches
                         merged, start = [], 0
                         for neg_sum, neg_size, _, part in new:
