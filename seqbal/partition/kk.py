@@ -2,7 +2,7 @@
 
 KK is the balance verl uses and the best cheap one known for sums of few parts. It is kept
 exact and deterministic (integer sums, ties broken by size and position), so a plan is the
-same on every machine. Item-level KK costs O(n log n) interpreter steps, 4 to 9 passes of
+same on every machine. Item-level KK costs O(n log n) interpreter steps, 1 to 4 passes of
 best-fit decreasing; from :data:`CHUNKED_KK_MIN_ITEMS` items the balance runs a chunked KK
 instead, merging whole states of ``k`` parts as NumPy vectors (O(n / k) interpreter steps),
 within 0.6% of item-level KK's heaviest part on the benchmark families. Below that size a
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from itertools import repeat
 
 import numpy as np
 
@@ -44,8 +45,15 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     of them in the whole run, and the typical merge (a full state and a single item) is one
     binary-search insertion.
 
-    Complexity: O(n log n) heap steps plus O(log k) per inserted part and a C-level list
-    insertion of at most ``k`` entries; O(n) memory (a merge tree of parts, resolved at the end).
+    Only merged states go through the heap: the single items wait in one sorted queue, and
+    the state just merged is kept out of the heap while its key is below both queues' heads
+    (it is the next take anyway). Most merges are then runs of such a state taking the next
+    items, done without heap operations, in the order and with the ids that one heap of
+    every state would give, so the result is exactly the plain algorithm's.
+
+    Complexity: O(n log n) (heap steps only where a run ends) plus
+    O(log k) per inserted part and a C-level list insertion of at most ``k`` entries; O(n)
+    memory (a merge tree of parts, resolved at the end).
 
     Args:
         seqlen_list: non-negative values to balance (lengths or workloads).
@@ -76,99 +84,165 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     if k == 1:
         return [list(range(n))]
 
-    order = np.lexsort((np.arange(n), values)).tolist()  # ascending value, index breaks ties
-    value_list = values.tolist()
     # A state is the list of its non-empty parts as (-sum, -size, part id), in descending
     # (sum, size) order (ascending tuples, so bisect works). Part ids below n are the items
     # themselves; a paired part gets the next id and its two children are recorded.
+    # A state's key is (spread, -top sum, -top size, node) with spread = bottom - top <= 0
+    # (sums are negated): the smallest key is the largest spread, then the largest top part,
+    # then the oldest state (node ids in creation order: the leaves are nodes 0..n-1, numbered
+    # by ascending value and index (with equal_size, the chunks), then the merged states).
     children: list[tuple[int, int]] = []
     states: dict[int, list[tuple[int, int, int]]] = {}
-
-    def entry(node: int, parts: list[tuple[int, int, int]]) -> tuple[int, int, int, int]:
-        states[node] = parts
-        top = -parts[0][0]
-        bottom = -parts[-1][0] if len(parts) == k else 0  # an empty part is the smallest
-        return (bottom - top, -top, parts[0][1], node)  # largest spread, sum, size; oldest
-
-    # The heap orders states by key; the leaves (single items) never change until they are
-    # taken, so they wait outside it in key order (largest value first, the lower node among
-    # equal values) and each take compares the next leaf with the heap's top. The order of
-    # takes is that of one heap holding everything, at a heap of the few merged states.
-    heap: list[tuple[int, int, int, int]] = []
-    leaves: list[tuple[int, int, int, int]] = []  # (key..., node) of the leaves, in take order
+    # The heap holds the merged states by key; the leaves (single items) never change until
+    # they are taken, so they wait outside it in key order (largest value first, the lower
+    # index among equal values), and each take compares the next leaf's key with the heap's
+    # top: the order of takes is that of one heap holding everything. A leaf's key is compared
+    # only with merged states' keys, whose nodes are all >= n, so node 0 stands for every
+    # leaf's node. ``exhausted`` compares above every key (spreads are <= 0) and ends both
+    # queues, so no take checks a length.
+    exhausted = (1, 0, 0, 0)
+    heap: list[tuple[int, int, int, int]] = [exhausted]
+    leaf_keys: list[tuple[int, int, int, int]] = [exhausted]  # in take order
+    leaf_parts: list[tuple[int, int, int]] = []  # the leaves' single parts, in the same order
     if equal_size:
-        chunks = [order[offset:offset + k][::-1] for offset in range(0, n, k)]  # i-th largest first
-        heap = [entry(node, [(-value_list[i], -1, i) for i in chunk]) for node, chunk in enumerate(chunks)]
+        value_list = values.tolist()
+        order = np.argsort(values, kind="stable").tolist()  # ascending value, index breaks ties
+        for node, offset in enumerate(range(0, n, k)):
+            parts = [(-value_list[i], -1, i) for i in reversed(order[offset:offset + k])]  # i-th largest first
+            states[node] = parts
+            top, bottom = parts[0], parts[-1]
+            heap.append((top[0] - bottom[0], top[0], top[1], node))
         heapq.heapify(heap)
-    else:  # one item per leaf: spread = sum (k >= 2, so the other parts are empty)
-        ascending = [value_list[i] for i in order]
-        take = np.lexsort((np.arange(n), -values[order])).tolist()  # largest first, lower node first
-        leaves = [(-ascending[node], -ascending[node], -1, node) for node in take]
-    next_leaf, leaf_count = 0, len(leaves)
+    else:  # one item per leaf: spread = -value (k >= 2, so the other parts are empty)
+        take = np.argsort(-values, kind="stable")  # largest first, lower index first
+        neg_values = (-values[take]).tolist()
+        leaf_keys = list(zip(neg_values, neg_values, repeat(-1), repeat(0))) + leaf_keys
+        leaf_parts = list(zip(neg_values, repeat(-1), take.tolist()))
 
-    def take_state() -> list[tuple[int, int, int]]:
-        nonlocal next_leaf
-        if next_leaf < leaf_count and (not heap or leaves[next_leaf] < heap[0]):
-            node = leaves[next_leaf][3]
+    heappush, heappop, add_child = heapq.heappush, heapq.heappop, children.append
+    bisect_left, bisect_right, insort_right = bisect.bisect_left, bisect.bisect_right, bisect.insort_right
+    next_node = len(states) + len(leaf_parts)
+    after_ties = 2 * n  # larger than every part id and node id (there are fewer than 2 n of each)
+    next_leaf = 0
+    # The state just merged stays "in hand" (outside the heap and ``states``) when its key is
+    # below both the heap's top and the next leaf's: it would be the very next take, so the
+    # push and pop are skipped. Its node id is assigned as on the heap path, so every key
+    # comparison is the one the heap would make. Most merges are such a state taking the
+    # next leaf, in runs handled below without the heap.
+    hand: list[tuple[int, int, int]] | None = None
+    merges_left = next_node - 1  # every merge turns two states into one
+    while merges_left:
+        heap_top = heap[0]
+        if hand is not None:
+            parts = hand
+        elif leaf_keys[next_leaf] < heap_top:
+            parts = [leaf_parts[next_leaf]]
             next_leaf += 1
-            return [(-ascending[node], -1, order[node])]
-        return states.pop(heapq.heappop(heap)[3])
-
-    next_node = len(heap) + leaf_count
-    after_ties = 2 * n  # larger than every part id (there are fewer than 2 n parts)
-    while len(heap) + leaf_count - next_leaf > 1:
-        parts = take_state()
-        other = take_state()
-        a, b = len(parts), len(other)
-        if b == 1:  # the common merge, with a single item: one pairing or one insertion
-            single = other[0]
-            if a == k:
-                smallest = parts.pop()
-                children.append((smallest[2], single[2]))
-                single = (smallest[0] + single[0], smallest[1] + single[1], n + len(children) - 1)
-            parts.insert(bisect.bisect_right(parts, (single[0], single[1], after_ties)), single)
-            states[next_node] = parts  # entry(), inlined on this hot path
-            neg_top = parts[0][0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
-            spread = neg_top - (parts[-1][0] if len(parts) == k else 0)
-            heapq.heappush(heap, (spread, neg_top, parts[0][1], next_node))
-            next_node += 1
-            continue
-        # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
-        # positions below k - b meet an empty part of the other state and stay as they are.
-        new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
-        for i in range(k - b, a):
-            mine, theirs = parts[i], other[k - 1 - i]
-            children.append((mine[2], theirs[2]))
-            new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
-        for j in range(min(k - a, b)):
-            new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
-        new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
-        del parts[min(a, k - b):]
-        # Each new part goes after every kept part of equal key (the kept parts all have lower
-        # positions); ``after_ties`` compares above any part id.
-        if len(new) <= 16:
-            for neg_sum, neg_size, _, part in new:
-                parts.insert(bisect.bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
-        else:  # one linear merge: C-level slice copies between binary searches
-            merged, start = [], 0
-            for neg_sum, neg_size, _, part in new:
-                end = bisect.bisect_right(parts, (neg_sum, neg_size, after_ties), start)
-                merged += parts[start:end]
-                merged.append((neg_sum, neg_size, part))
-                start = end
-            merged += parts[start:]
-            parts = merged
-        heapq.heappush(heap, entry(next_node, parts))
+        else:
+            parts = states.pop(heappop(heap)[3])
+            heap_top = heap[0]
+        a = len(parts)
+        if a == k and leaf_keys[next_leaf] < heap_top:
+            # A full state and a single item (the heap's states all have >= 2 parts, so the
+            # second take is a single item exactly when it is a leaf): the item pairs with the
+            # smallest part. While the result is again below the next leaf, which is below the
+            # heap's top, the next merge is the same state with the next leaf: an LPT-like run
+            # (the item joins the smallest part) as long as the state keeps the largest spread.
+            # The new part's id is above every id in the state, so inserting it after its
+            # equals by its own tuple is the insertion after every part of equal (sum, size).
+            next_part = n + len(children)
+            while True:
+                neg_value, _, item = leaf_parts[next_leaf]
+                next_leaf += 1
+                neg_sum, neg_size, smallest = parts.pop()
+                add_child((smallest, item))
+                insort_right(parts, (neg_sum + neg_value, neg_size - 1, next_part))
+                next_part += 1
+                merges_left -= 1
+                top = parts[0]  # sums are negated: spread = bottom - top = neg_top - neg_bottom
+                key = (top[0] - parts[-1][0], top[0], top[1], next_node)
+                if not key < leaf_keys[next_leaf] < heap_top:
+                    break
+                next_node += 1
+        else:
+            if leaf_keys[next_leaf] < heap_top:
+                # A state of a < k parts and a single item: the item is inserted after the top
+                # part (this state was taken before the item, so its top part is not smaller),
+                # which leaves the key's (spread, top sum, top size) as they were: its spread is
+                # its top sum, an empty part being the smallest. When those three are strictly
+                # below the next leaf's and the heap top's, the result, the newest state, is the
+                # next take again and takes every following leaf below the heap's top, up to k
+                # parts: those insertions are done at once, one merge (and node id) each.
+                top = parts[0]
+                probe = (top[0], top[0], top[1], after_ties)  # above every node: '<' is strict on the three
+                count = 1
+                if probe < leaf_keys[next_leaf + 1] and probe < heap_top:
+                    count = min(k - a, bisect_left(leaf_keys, heap_top, next_leaf) - next_leaf)
+                for neg_sum, neg_size, part in leaf_parts[next_leaf:next_leaf + count]:
+                    parts.insert(bisect_right(parts, (neg_sum, neg_size, after_ties)), (neg_sum, neg_size, part))
+                next_leaf += count
+                merges_left -= count
+                next_node += count - 1
+            else:
+                other = states.pop(heappop(heap)[3])
+                merges_left -= 1
+                b = len(other)
+                if a == k == b:  # two full states: part i pairs with the other's part k - 1 - i
+                    base = n + len(children)
+                    children += [(mine[2], theirs[2]) for mine, theirs in zip(parts, reversed(other))]
+                    # The new part ids grow with the position, so they break ties as it does.
+                    parts = sorted([
+                        (mine[0] + theirs[0], mine[1] + theirs[1], part)
+                        for part, mine, theirs in zip(range(base, base + k), parts, reversed(other))
+                    ])
+                else:
+                    # Dense view: position i pairs this state's part i with the other's part k - 1 - i;
+                    # positions below k - b meet an empty part of the other state and stay as they are.
+                    new: list[tuple[int, int, int, int]] = []  # (-sum, -size, position, part id)
+                    for i in range(k - b, a):
+                        mine, theirs = parts[i], other[k - 1 - i]
+                        add_child((mine[2], theirs[2]))
+                        new.append((mine[0] + theirs[0], mine[1] + theirs[1], i, n + len(children) - 1))
+                    for j in range(min(k - a, b)):
+                        new.append((other[j][0], other[j][1], k - 1 - j, other[j][2]))
+                    new.sort()  # equal (sum, size): lower position first, as a stable sort of the dense view
+                    del parts[min(a, k - b):]
+                    # Each new part goes after every kept part of equal key (the kept parts all have lower
+                    # positions); ``after_ties`` compares above any part id.
+                    if len(new) <= 16:
+                        for neg_sum, neg_size, _, part in new:
+                            position = bisect_right(parts, (neg_sum, neg_size, after_ties))
+                            parts.insert(position, (neg_sum, neg_size, part))
+                    else:  # one linear merge: C-level slice copies between binary searches
+                        merged, start = [], 0
+                        for neg_sum, neg_size, _, part in new:
+                            end = bisect_right(parts, (neg_sum, neg_size, after_ties), start)
+                            merged += parts[start:end]
+                            merged.append((neg_sum, neg_size, part))
+                            start = end
+                        merged += parts[start:]
+                        parts = merged
+            top = parts[0]
+            key = (top[0] - parts[-1][0] if len(parts) == k else top[0], top[0], top[1], next_node)
+        if key < heap[0] and key < leaf_keys[next_leaf]:
+            hand = parts
+        else:
+            hand = None
+            states[next_node] = parts
+            heappush(heap, key)
         next_node += 1
 
     # Resolve the merge tree: a paired part's children inherit its final part.
     label = [0] * (n + len(children))
-    for part, (_, _, part_id) in enumerate(states[heap[0][3]]):
+    for part, (_, _, part_id) in enumerate(parts):
         label[part_id] = part
     for combined in range(len(children) - 1, -1, -1):
         left, right = children[combined]
         label[left] = label[right] = label[n + combined]
-    return _groups_from_assignment(np.array(label[:n], dtype=np.int64), k)
+    groups: list[list[int]] = [[] for _ in range(k)]  # at these sizes cheaper than NumPy's grouping
+    for item, part in enumerate(label[:n]):
+        groups[part].append(item)  # ascending indices within each part
+    return groups
 
 
 def _chunked_karmarkar_karp(values: np.ndarray, k: int, per_chunk: int) -> list[list[int]]:
@@ -184,7 +258,7 @@ def _chunked_karmarkar_karp(values: np.ndarray, k: int, per_chunk: int) -> list[
 
     Complexity: ``n / per_chunk`` merges of O(k log k) NumPy work each: O(n log k) with
     O(n / per_chunk) interpreter steps when ``per_chunk`` is a fixed fraction of ``k``
-    (item-level :func:`karmarkar_karp` takes O(n log n) interpreter steps, 4 to 9 passes of
+    (item-level :func:`karmarkar_karp` takes O(n log n) interpreter steps, 1 to 4 passes of
     best-fit decreasing). Deterministic; indices ascending within a part.
     """
     n = len(values)
