@@ -80,24 +80,26 @@ def smallest_feasible_partitions(
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     n = len(size)
+
+    def allowed(count: int) -> int:  # the least count >= count, >= min_count and a multiple of step
+        return roundup_divisible(max(min_count, count, 1), step)
+
     # The plain bound ceildiv(total, cap) first: where the packing meets it, the stronger
     # bound (as costly as a packing pass) cannot say more, since it lies between the two.
-    plain = roundup_divisible(max(min_count, ceildiv(exact_total(size), capacity), 1), step)
-    if plain > n:
-        return plain, None
-    if plain == 1:  # everything fits in one part: the only partition into one part
+    k0 = allowed(ceildiv(exact_total(size), capacity))
+    if k0 == 1 and n:  # everything fits in one part: the only partition into one part
         return 1, [list(range(n))]
-    packing = _best_fit_decreasing(size, capacity)  # the items were checked above
-    k0 = plain
-    if roundup_divisible(len(packing), step) > plain:
-        k0 = roundup_divisible(max(min_count, packing_lower_bound(size, capacity), 1), step)
-        if k0 > n:
-            return k0, None
-    if roundup_divisible(len(packing), step) > k0:  # a search would run: another packing may land lower
+    packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
+    packed = allowed(len(packing))
+    if packed > k0:
+        k0 = allowed(packing_lower_bound(size, capacity))
+    if k0 > n:
+        return k0, None
+    if packed > k0:  # a search would run: another packing may land lower
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
-            packing = filled
-    count, known, found_by = _search_count(size, work, capacity, k0, roundup_divisible(len(packing), step), step, packing)
+            packing, packed = filled, allowed(len(filled))
+    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing)
     if count > n:
         return count, None
     return count, _balance_at(size, work, capacity, count, known, found_by)
