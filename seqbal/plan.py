@@ -242,6 +242,9 @@ class _LocalPlan:
     # Padded cost of micro-batches trimmed to their window (trim_padding): each group's first
     # and last-plus-one columns (seqbal.partition.windows); ``group_longest`` then holds their widths.
     windows: Optional[tuple[np.ndarray, np.ndarray]] = None
+    # Workload per sample under the token cost (what ``group_workloads`` sums), for the
+    # pipeline order; None under the padded cost.
+    sample_workloads: Optional[np.ndarray] = None
 
     @property
     def num_groups(self) -> int:
@@ -370,6 +373,7 @@ def _local_plan(
         )
     step = num_batches_divided_by or 1
     min_count = min_num_micro_batch or 1
+    sample_workloads = None  # set under the token cost, below
     # A cap below the packed rounding leaves room only for empty samples (checked above), which
     # fit any positive capacity: the partitioner needs one.
     sample_capacity = max(sample_capacity, 1)
@@ -390,7 +394,8 @@ def _local_plan(
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
         parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
     else:
-        group_workloads = balance_workloads(measured).reshape(-1, g).sum(axis=1)  # exact where int64 fits
+        sample_workloads = balance_workloads(measured)  # exact where int64 fits
+        group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
@@ -409,7 +414,8 @@ def _local_plan(
             MicroBatchPlanError.CANNOT_SATISFY,
         )
     return _LocalPlan(
-        group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows
+        group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows,
+        sample_workloads,
     )
 
 
@@ -668,13 +674,12 @@ def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_ba
     if not use_dynamic_bsz_balance:
         return parts
     cost = stage.plan.cost_model
-    if not cost.padded and stage.plan.group_size == 1:  # the plan's workloads are the samples' own
-        return order_for_pipeline(parts, stage.plan.group_workloads)
+    if not cost.padded:  # the workloads the plan balanced
+        return order_for_pipeline(parts, stage.plan.sample_workloads)
+    # A padded micro-batch computes on samples x its longest.
     measured = cost.rounded(stage.lengths)
-    if cost.padded:  # a padded micro-batch computes on samples x its longest
-        longest = [int(measured[p].max()) for p in parts]
-        return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, balance_workloads(np.array(longest)))])
-    return order_for_pipeline(parts, balance_workloads(measured))
+    longest = [int(measured[p].max()) for p in parts]
+    return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, balance_workloads(np.array(longest)))])
 
 
 def _sync_mode(dp_group: Any, same_micro_num_in_dp: bool) -> bool:
