@@ -91,10 +91,10 @@ class _SortedPairs:
 class _Bins:
     """Mutable parts with their token and workload sums, for the local searches below.
 
-    Besides the sums it keeps the parts sorted by free room and by workload
-    (:class:`_SortedPairs`), so "the fullest part with room for this item", "the parts with
-    most room" and "the heaviest and the lightest parts" are binary searches instead of O(k)
-    NumPy scans per step.
+    Besides the sums it keeps the parts sorted (:class:`_SortedPairs`) by free room for the
+    repair (``by_work=False``) or by workload for the rebalance (``by_work=True``), so "the
+    fullest part with room for this item", "the parts with most room" and "the heaviest and
+    the lightest parts" are binary searches instead of O(k) NumPy scans per step.
     """
 
     def __init__(
