@@ -277,6 +277,10 @@ def build_scenarios(world: int) -> list[Scenario]:
     # the verl adapter raised on data.batch None before the agreement: the peers hung
     add(Scenario("err_hang_verl_no_batch", base, {"max_token_len": CAP}, api="verl_no_batch",
                  bad_ranks={last: ["prepare_dynamic_batch needs data.batch", "got None"]}))
+    # ... and with dummy micro-batches asked on every rank, the failing rank must still report
+    # its own problem, not a false "different arguments" (it once planned its report without them)
+    add(Scenario("err_verl_no_batch_with_dummies", base, {"max_token_len": CAP, "dummy_micro_batches": True},
+                 api="verl_no_batch", bad_ranks={last: ["prepare_dynamic_batch needs data.batch", "got None"]}))
     # ... and a non_tensor_batch array one row short failed after the plan on that rank alone
     add(Scenario("err_verl_short_non_tensor", base, {"max_token_len": CAP}, api="verl_short_non_tensor",
                  bad_ranks={last: ["data.non_tensor_batch['uid']", f"{len(base[last])} rows"]}))

@@ -461,6 +461,7 @@ def test_scenarios_cover_the_issue():
             "err_hang_round_to",
             "err_hang_pack_round_to",
             "err_hang_verl_no_batch",
+            "err_verl_no_batch_with_dummies",
             "err_verl_short_non_tensor",
             "err_hang_sync_flag",
             "err_balance_flag",

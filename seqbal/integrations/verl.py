@@ -207,25 +207,10 @@ def prepare_dynamic_batch(
     from ..plan import _plan
     from ..rearrange import rearrange_micro_batches
 
-    problem = _data_problem(data)
-    if problem is not None:
-        # Through the same agreement as a bad batch: the peers, already in it, raise with this rank.
-        def report() -> Any:
-            raise problem
-
-        _plan(
-            report,
-            max_token_len=max_token_len,
-            dp_group=dp_group,
-            num_batches_divided_by=num_batches_divided_by,
-            same_micro_num_in_dp=same_micro_num_in_dp,
-            min_num_micro_batch=min_num_micro_batch,
-            use_dynamic_bsz_balance=use_dynamic_bsz_balance,
-            force_group_size=force_group_size,
-        )
-        raise problem  # not reached: the plan raises the problem (or an argument error before it)
-    batches, indices = rearrange_micro_batches(
-        data.batch,
+    # The same arguments for the report of a bad DataProto and for the plan: the agreement
+    # compares them (dummy_micro_batches included), so a report made with others would meet
+    # its peers as "different arguments" instead of as this rank's problem.
+    arguments = dict(
         max_token_len=max_token_len,
         dp_group=dp_group,
         num_batches_divided_by=num_batches_divided_by,
@@ -235,6 +220,15 @@ def prepare_dynamic_batch(
         force_group_size=force_group_size,
         dummy_micro_batches=dummy_micro_batches,
     )
+    problem = _data_problem(data)
+    if problem is not None:
+        # Through the same agreement as a bad batch: the peers, already in it, raise with this rank.
+        def report() -> Any:
+            raise problem
+
+        _plan(report, **arguments)
+        raise problem  # not reached: the plan raises the problem (or an argument error before it)
+    batches, indices = rearrange_micro_batches(data.batch, **arguments)
     source = None
     if any(not part for part in indices):  # the rows rearrange copied into every dummy
         from ..plan import dummy_source
