@@ -28,17 +28,6 @@ from seqbal import (
 from .invariants import assert_plan_invariants, micro_batch_cost
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 def padded(lengths, width=None):
     width = width or max(lengths)
     mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()

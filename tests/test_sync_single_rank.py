@@ -12,17 +12,6 @@ from tensordict import TensorDict
 from seqbal import MicroBatchPlanError, plan_micro_batches, rearrange_micro_batches
 
 
-@pytest.fixture
-def world_of_one():
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
-
-
 class _UnreadableLengths:
     """Lengths whose conversion to an array raises something seqbal does not expect."""
 
