@@ -98,14 +98,25 @@ class _Bins:
     """
 
     def __init__(
-        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, workloads: np.ndarray, capacity: int, *, by_work: bool
+        self,
+        parts: Sequence[Sequence[int]],
+        tokens: np.ndarray,
+        workloads: np.ndarray,
+        capacity: int,
+        *,
+        by_work: bool,
+        work_sums: Optional[np.ndarray] = None,
     ) -> None:
+        """``work_sums``: the parts' workload sums where the caller has them."""
         self.tokens_of = tokens.tolist()
         self.work_of = self.tokens_of if workloads is tokens else workloads.tolist()
         self.capacity = capacity
         self.members: list[list[int]] = [list(p) for p in parts]
         self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
-        self.work: list[int] = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
+        if work_sums is not None:
+            self.work: list[int] = work_sums.tolist()
+        else:
+            self.work = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
         # Each search keeps only the order it reads: the repair by room, the rebalance by workload.

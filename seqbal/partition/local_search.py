@@ -19,7 +19,7 @@ import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, exact_total
 from .bins import _Bins, _RankedBins
-from .parts import ceildiv
+from .parts import _part_sums, ceildiv
 
 # Tuning: how wide each step of the repair and the rebalance looks.
 
@@ -168,14 +168,17 @@ def rebalance_within_capacity(
     size = as_int_array(tokens, "tokens")
     work = as_int_array(workloads, "workloads")
     capacity = check_capacity(capacity)
-    state = _Bins(parts, size, work, capacity, by_work=True)
+    if not parts:
+        return []
+    bound = max(ceildiv(exact_total(work), len(parts)), int(work.max()) if work.size else 0)
+    stop = bound * (1 + close_enough)
+    part_work = _part_sums(work, parts)
+    if part_work.max() <= stop:  # already close enough: no sorted parts to build
+        return [sorted(part) for part in parts]
+    state = _Bins(parts, size, work, capacity, by_work=True, work_sums=part_work)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
     per_part = max(len(size) // max(len(state.members), 1), 1)
     partners = min(max(REBALANCE_PAIR_ITEMS // per_part, 8), REBALANCE_PARTNERS)
-    if not state.members:
-        return []
-    bound = max(ceildiv(exact_total(work), len(state.members)), int(work.max()) if work.size else 0)
-    stop = bound * (1 + close_enough)
     for _ in range(steps):
         heavy_work, heavy = state.by_work.last()
         if heavy_work <= stop:
