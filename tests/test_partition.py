@@ -74,6 +74,8 @@ def test_kk_two_way_classic_example():
 def test_kk_equal_size_and_errors():
     parts = karmarkar_karp(list(range(12)), 3, equal_size=True)
     assert [len(p) for p in parts] == [4, 4, 4]
+    # One chunk (as many items as parts): no merge at all, one item per part, largest first.
+    assert karmarkar_karp([1, 9, 4], 3, equal_size=True) == [[1], [2], [0]]
     with pytest.raises(ValueError, match="divisible"):
         karmarkar_karp([1, 2, 3], 2, equal_size=True)
     with pytest.raises(ValueError, match="cannot split 2 items into 3"):

@@ -131,6 +131,8 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     # next leaf, in runs handled below without the heap.
     hand: list[tuple[int, int, int]] | None = None
     merges_left = next_node - 1  # every merge turns two states into one
+    if not merges_left:  # a single chunk (equal_size with n == k): that state is the result
+        parts = states[0]
     while merges_left:
         heap_top = heap[0]
         if hand is not None:
