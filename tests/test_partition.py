@@ -294,3 +294,115 @@ def test_smallest_feasible_respects_step_and_minimum():
     assert count == 8 and len(parts) == 8
     count, parts = smallest_feasible_partitions([5] * 3, [5] * 3, 10, step=4)
     assert count == 4 and parts is None  # 4 parts cannot be formed from 3 items
+
+
+def test_work_grows_with_tokens_recognises_increasing_workloads_only():
+    from seqbal.partition.local_search import _work_grows_with_tokens
+
+    tokens = np.array([5, 3, 3, 9, 1], dtype=np.int64)
+    assert _work_grows_with_tokens(tokens, tokens)
+    assert _work_grows_with_tokens(tokens, tokens * tokens + 24576 * tokens)
+    assert not _work_grows_with_tokens(tokens, np.array([5, 3, 4, 9, 1]))  # equal tokens, other work
+    assert not _work_grows_with_tokens(tokens, np.array([5, 3, 3, 5, 1]))  # more tokens, same work
+    assert not _work_grows_with_tokens(tokens, -tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(12, 60), st.booleans(), st.data())
+def test_rebalance_skipping_by_tokens_finds_the_same_partition(capacity, quadratic, data):
+    # Where workloads grow with tokens the swap search skips light items by tokens; the result
+    # must be what the search that looks at every candidate finds. Small items against a small
+    # cap make swaps that fill a part's room exactly common: the edge of the skip.
+    import seqbal.partition.local_search as local_search
+
+    sizes = np.asarray(data.draw(st.lists(st.integers(1, 12), min_size=2, max_size=70)), dtype=np.int64)
+    work = sizes * sizes + 7 * sizes if quadratic else sizes
+    k = data.draw(st.integers(1, len(sizes)))
+    start = karmarkar_karp(work, k, equal_size=False)
+    start = repair_over_capacity(start, sizes, capacity) or best_fit_decreasing_partitions(sizes, capacity)
+    skipping = rebalance_within_capacity(start, sizes, work, capacity, close_enough=0.0)
+    original = local_search._work_grows_with_tokens
+    local_search._work_grows_with_tokens = lambda tokens, workloads: False
+    try:
+        looking = rebalance_within_capacity(start, sizes, work, capacity, close_enough=0.0)
+    finally:
+        local_search._work_grows_with_tokens = original
+    assert skipping == looking
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_bins_keep_their_workload_ranking_through_moves_and_swaps(data):
+    from seqbal.partition.bins import _Bins
+
+    sizes = np.asarray(data.draw(st.lists(st.integers(1, 50), min_size=4, max_size=30)), dtype=np.int64)
+    work = np.asarray(data.draw(st.lists(st.integers(0, 9), min_size=len(sizes), max_size=len(sizes))), dtype=np.int64)
+    k = data.draw(st.integers(2, 4))
+    state = _Bins([list(range(i, len(sizes), k)) for i in range(k)], sizes, work, 10**6, by_work=True)
+    for part in range(k):
+        state.work_ranked(part)  # kept from here on
+    for _ in range(data.draw(st.integers(1, 20))):
+        a, b = data.draw(st.sampled_from([(x, y) for x in range(k) for y in range(k) if x != y]))
+        if len(state.members[a]) < 2:
+            continue
+        item = data.draw(st.sampled_from(state.members[a]))
+        if data.draw(st.booleans()) and state.members[b]:
+            state.swap(item, a, data.draw(st.sampled_from(state.members[b])), b)
+        else:
+            state.move(item, a, b)
+        for part in range(k):
+            ordered = sorted((int(work[i]), i) for i in state.members[part])
+            assert state.work_ranked(part) == (
+                [w for w, _ in ordered], [int(sizes[i]) for _, i in ordered], [i for _, i in ordered])
+
+
+def _reference_swap(heavy_items, light_items, work, tokens, capacity, heavy_tokens, light_tokens, diff):
+    """The swap search as first written: every light item within two places of the ideal one."""
+    import bisect
+
+    ranked = sorted((int(work[i]), i) for i in light_items)
+    light_work = [w for w, _ in ranked]
+    best = None
+    for item in heavy_items:
+        w = int(work[item])
+        centre = bisect.bisect_left(light_work, w - diff / 2)
+        for j in range(max(centre - 2, 0), min(centre + 2, len(ranked))):
+            delta, other = w - light_work[j], ranked[j][1]
+            shift = int(tokens[item]) - int(tokens[other])
+            if 0 < delta < diff and shift <= capacity - light_tokens and -shift <= capacity - heavy_tokens:
+                if best is None or abs(diff - 2 * delta) < best[0]:
+                    best = (abs(diff - 2 * delta), item, other)
+    return best
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.data())
+def test_rebalance_swap_is_the_windowed_search_on_any_workload(data):
+    # The swap search bisects for the run of light items with 0 < delta < diff; it must choose
+    # what the plain windowed loop chooses, for workloads that do not grow with tokens too.
+    from seqbal.partition.bins import _Bins
+    from seqbal.partition.local_search import _rebalance_pair, _work_grows_with_tokens
+
+    n = data.draw(st.integers(3, 24))
+    tokens = np.asarray(data.draw(st.lists(st.integers(1, 9), min_size=n, max_size=n)), dtype=np.int64)
+    work = np.asarray(data.draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)), dtype=np.int64)
+    cut = data.draw(st.integers(1, n - 1))
+    heavy, light = list(range(cut)), list(range(cut, n))
+    if work[heavy].sum() < work[light].sum():
+        heavy, light = light, heavy
+    capacity = int(max(tokens[heavy].sum(), tokens[light].sum())) + data.draw(st.integers(0, 4))
+    state = _Bins([heavy, light], tokens, work, capacity, by_work=True)
+    diff = int(work[heavy].sum() - work[light].sum())
+    smallest = (int(tokens[heavy].min()), int(work[heavy].min()))
+    grows = _work_grows_with_tokens(tokens, work)
+    moved_alone = len(heavy) > 1 and any(0 < work[i] < diff and tokens[i] <= capacity - tokens[light].sum() for i in heavy)
+    expected = None if moved_alone else _reference_swap(
+        heavy, light, work, tokens, capacity, int(tokens[heavy].sum()), int(tokens[light].sum()), diff)
+    changed = _rebalance_pair(state, 0, 1, capacity, smallest, grows)
+    if moved_alone:
+        assert changed  # a move: not the swap search under test
+        return
+    assert changed == (expected is not None)
+    if expected is not None:
+        _, item, other = expected
+        assert sorted(state.members[0]) == sorted([i for i in heavy if i != item] + [other])

@@ -122,9 +122,10 @@ class _Bins:
         # Each search keeps only the order it reads: the repair by room, the rebalance by workload.
         self.by_room = None if by_work else _SortedPairs(self._room_pairs())
         self.by_work = _SortedPairs(zip(self.work, range(len(self.work)))) if by_work else None
-        #: A part's members as (workloads ascending, items) lists, kept until the part changes: the
-        #: rebalance pairs the same light parts with one heavy part after another.
-        self.ranked_by_work: dict[int, tuple[list[int], list[int]]] = {}
+        #: A part's members as (workloads ascending, their tokens, items) lists, built on first use
+        #: and kept in order by moves and swaps: the rebalance pairs the same light parts with one
+        #: heavy part after another.
+        self.ranked_by_work: dict[int, tuple[list[int], list[int], list[int]]] = {}
 
     def _room_pairs(self) -> list[tuple[int, int]]:
         return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
@@ -144,17 +145,42 @@ class _Bins:
     def room(self, part: int) -> int:
         return self.capacity - self.tokens[part]
 
-    def work_ranked(self, part: int) -> tuple[list[int], list[int]]:
-        """The part's member workloads ascending (ties by item) and its items in that order."""
+    def work_ranked(self, part: int) -> tuple[list[int], list[int], list[int]]:
+        """The part's member workloads ascending (ties by item), their tokens and the items, in
+        that order."""
         ranked = self.ranked_by_work.get(part)
         if ranked is None:
             pairs = sorted([(self.work_of[i], i) for i in self.members[part]])
-            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [item for _, item in pairs])
+            items = [item for _, item in pairs]
+            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [self.tokens_of[i] for i in items], items)
         return ranked
 
+    def _unrank(self, part: int, item: int) -> None:
+        """Take ``item`` out of the part's :meth:`work_ranked` lists, if they are kept."""
+        ranked = self.ranked_by_work.get(part)
+        if ranked is not None:
+            works, tokens, items = ranked
+            position = bisect.bisect_left(works, self.work_of[item])
+            while items[position] != item:  # among equal workloads
+                position += 1
+            del works[position], tokens[position], items[position]
+
+    def _rank(self, part: int, item: int) -> None:
+        """Put ``item`` into the part's :meth:`work_ranked` lists, if they are kept, in order."""
+        ranked = self.ranked_by_work.get(part)
+        if ranked is not None:
+            works, tokens, items = ranked
+            work = self.work_of[item]
+            position = bisect.bisect_left(works, work)
+            while position < len(works) and works[position] == work and items[position] < item:
+                position += 1
+            works.insert(position, work)
+            tokens.insert(position, self.tokens_of[item])
+            items.insert(position, item)
+
     def move(self, item: int, source: int, target: int) -> None:
-        self.ranked_by_work.pop(source, None)
-        self.ranked_by_work.pop(target, None)
+        self._unrank(source, item)
+        self._rank(target, item)
         self.members[source].remove(item)
         self.members[target].append(item)
         self._add(source, -self.tokens_of[item], -self.work_of[item])
@@ -163,8 +189,10 @@ class _Bins:
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
         """Trade ``item_a`` of ``bin_a`` for ``item_b`` of ``bin_b`` (members as two moves would
         leave them; each part's sorted keys updated once)."""
-        self.ranked_by_work.pop(bin_a, None)
-        self.ranked_by_work.pop(bin_b, None)
+        self._unrank(bin_a, item_a)
+        self._unrank(bin_b, item_b)
+        self._rank(bin_a, item_b)
+        self._rank(bin_b, item_a)
         self.members[bin_a].remove(item_a)
         self.members[bin_b].append(item_a)
         self.members[bin_b].remove(item_b)

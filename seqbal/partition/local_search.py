@@ -176,6 +176,7 @@ def rebalance_within_capacity(
     if part_work.max() <= stop:  # already close enough: no sorted parts to build
         return [sorted(part) for part in parts]
     state = _Bins(parts, size, work, capacity, by_work=True, work_sums=part_work)
+    grows = _work_grows_with_tokens(size, work)
     steps = max_steps if max_steps is not None else 2 * len(state.members) + 64
     per_part = max(len(size) // max(len(state.members), 1), 1)
     partners = min(max(REBALANCE_PAIR_ITEMS // per_part, 8), REBALANCE_PARTNERS)
@@ -191,7 +192,7 @@ def rebalance_within_capacity(
         for light_work, light in state.by_work.smallest(partners):
             if light == heavy or light_work >= heavy_work:
                 break
-            if _rebalance_pair(state, heavy, light, capacity, smallest):
+            if _rebalance_pair(state, heavy, light, capacity, smallest, grows):
                 improved = True
                 break
         if not improved:
@@ -199,10 +200,24 @@ def rebalance_within_capacity(
     return state.result()
 
 
-def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int, smallest: tuple[int, int]) -> bool:
+def _work_grows_with_tokens(tokens: np.ndarray, work: np.ndarray) -> bool:
+    """Whether an item's workload is a strictly increasing function of its tokens (the default
+    workload and every cost model's): then a lighter item always has fewer tokens. O(n log n)."""
+    if work is tokens:
+        return True
+    order = np.argsort(tokens, kind="stable")
+    token_steps, work_steps = np.diff(tokens[order]), np.diff(work[order])
+    return bool(np.array_equal(token_steps > 0, work_steps > 0) and (work_steps >= 0).all())
+
+
+def _rebalance_pair(
+    state: _Bins, heavy: int, light: int, capacity: int, smallest: tuple[int, int], grows: bool = False
+) -> bool:
     """The best move, else the best swap, between ``heavy`` and ``light`` (see
     :func:`rebalance_within_capacity`), applied; False if none improves the pair. ``smallest``:
-    the heavy part's smallest item tokens and smallest item workload."""
+    the heavy part's smallest item tokens and smallest item workload; ``grows``: workloads
+    grow strictly with tokens (:func:`_work_grows_with_tokens`), which lets the swap search
+    skip light items by tokens (same result, fewer candidates)."""
     work_of, tokens_of = state.work_of, state.tokens_of
     diff = state.work[heavy] - state.work[light]
     room_light = capacity - state.tokens[light]
@@ -223,24 +238,36 @@ def _rebalance_pair(state: _Bins, heavy: int, light: int, capacity: int, smalles
             state.move(best_item, heavy, light)
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
-    light_work, light_items = state.work_ranked(light)
+    light_work, light_tokens, light_items = state.work_ranked(light)
     if not light_items or least_work - light_work[-1] >= diff:
         # Every heavy item outweighs every light one by diff or more, so no swap improves the
         # pair: most pairings that fail end here (a heavy part of long sequences against light
         # parts of short ones), before the per-item search.
         return False
-    count, lightest, half = len(light_items), light_work[0], diff / 2
-    bisect_left = bisect.bisect_left
+    if grows and room_light <= 0:
+        return False  # a lighter item has fewer tokens, so every swap adds tokens to ``light``
+    lightest, half = light_work[0], diff / 2
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     best_gap, best_item, best_other = -1, -1, -1  # no swap yet
     for item in heavy_items:
         w = work_of[item]
         if w <= lightest:
             continue  # no lighter item to trade it for: every delta <= 0
-        centre = bisect_left(light_work, w - half)  # ideal light-item workload
-        for j in range(centre - 2 if centre > 2 else 0, centre + 2 if centre + 2 < count else count):
+        # The light items with 0 < delta < diff are the run lo:hi of the sorted workloads; the
+        # search looks at the (up to) four around the ideal one, centre, within that run.
+        high = bisect_left(light_work, w)
+        low = bisect_right(light_work, w - diff, 0, high)
+        if low >= high:
+            continue
+        centre = bisect_left(light_work, w - half, low, high)  # ideal light-item workload
+        first = centre - 2 if centre - 2 > low else low
+        if grows:
+            # Light items are in token order too; those below tokens - room_light do not fit.
+            fits = bisect_left(light_tokens, tokens_of[item] - room_light, first, high)
+            if fits > first:
+                first = fits
+        for j in range(first, centre + 2 if centre + 2 < high else high):
             delta = w - light_work[j]
-            if not 0 < delta < diff:
-                continue
             other = light_items[j]
             token_shift = tokens_of[item] - tokens_of[other]
             if token_shift > room_light or -token_shift > room_heavy:
