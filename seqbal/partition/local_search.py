@@ -253,7 +253,7 @@ def _rebalance_pair(
         w = work_of[item]
         if w <= lightest:
             continue  # no lighter item to trade it for: every delta <= 0
-        # The light items with 0 < delta < diff are the run lo:hi of the sorted workloads; the
+        # The light items with 0 < delta < diff are the run low:high of the sorted workloads; the
         # search looks at the (up to) four around the ideal one, centre, within that run.
         high = bisect_left(light_work, w)
         low = bisect_right(light_work, w - diff, 0, high)
