@@ -17,6 +17,16 @@ import numpy as np
 
 from .parts import _part_sums
 
+def _rank_position(keys: list[int], items: list[int], key: int, item: int) -> int:
+    """Where ``(key, item)`` stands in parallel lists sorted by ``(key, item)``: the first
+    position not before it, so its index if present, its insertion point if not.
+    O(log len + ties)."""
+    position = bisect.bisect_left(keys, key)
+    while position < len(keys) and keys[position] == key and items[position] < item:
+        position += 1
+    return position
+
+
 class _SortedPairs:
     """A sorted multiset of ``(key, part)`` pairs in blocks of a few hundred: add, remove and
     the searches below cost O(log k + block) instead of the O(k) shift of one flat list, which
@@ -160,9 +170,7 @@ class _Bins:
         ranked = self.ranked_by_work.get(part)
         if ranked is not None:
             works, tokens, items = ranked
-            position = bisect.bisect_left(works, self.work_of[item])
-            while items[position] != item:  # among equal workloads
-                position += 1
+            position = _rank_position(works, items, self.work_of[item], item)
             del works[position], tokens[position], items[position]
 
     def _rank(self, part: int, item: int) -> None:
@@ -171,9 +179,7 @@ class _Bins:
         if ranked is not None:
             works, tokens, items = ranked
             work = self.work_of[item]
-            position = bisect.bisect_left(works, work)
-            while position < len(works) and works[position] == work and items[position] < item:
-                position += 1
+            position = _rank_position(works, items, work, item)
             works.insert(position, work)
             tokens.insert(position, self.tokens_of[item])
             items.insert(position, item)
@@ -243,17 +249,13 @@ class _RankedBins(_Bins):
 
     def _take(self, part: int, item: int) -> None:
         sizes, items = self.ranked(part)
-        position = bisect.bisect_left(sizes, self.tokens_of[item])
-        while items[position] != item:  # among equal sizes
-            position += 1
+        position = _rank_position(sizes, items, self.tokens_of[item], item)
         del sizes[position], items[position]
 
     def _put(self, part: int, item: int) -> None:
         sizes, items = self.ranked(part)
         size = self.tokens_of[item]
-        position = bisect.bisect_left(sizes, size)
-        while position < len(sizes) and sizes[position] == size and items[position] < item:
-            position += 1
+        position = _rank_position(sizes, items, size, item)
         sizes.insert(position, size)
         items.insert(position, item)
 
