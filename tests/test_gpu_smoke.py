@@ -1,0 +1,41 @@
+"""The GPU smoke script (tests/gpu_smoke.sh, tests/gpu_smoke.py) runs on the CPU too, so that it
+cannot rot between the sessions that are lent a GPU: its agreement check, dry-run on gloo with
+one and two ranks under a hard deadline, must pass, and the shell wrapper must parse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE_S = 180
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"{command} did not finish within {DEADLINE_S} s: {error.output}")
+
+
+def test_shell_wrapper_parses():
+    result = _run(["bash", "-n", "tests/gpu_smoke.sh"])
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_dry_run_on_gloo(ranks):
+    if ranks == 1:
+        result = _run([sys.executable, "tests/gpu_smoke.py", "--cpu"])
+    else:
+        # --standalone: the rendezvous takes a free port of its own, so parallel runs never clash
+        result = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
+                       "tests/gpu_smoke.py", "--cpu"])
+    passed = [line for line in result.stdout.splitlines() if "PASS gloo agreement" in line]
+    assert result.returncode == 0 and len(passed) == ranks, result.stdout + result.stderr
