@@ -26,7 +26,8 @@ from ..partition import (
     smallest_feasible_partitions,
     windows as _windows,
 )
-from ..validation import balance_workloads, check_int64_sums
+from ..validation import check_int64_sums
+from ..workload import balance_workloads
 from .arguments import _Arguments, _lengths_array, _validate_arguments
 from .errors import LengthsLike, MicroBatchPlanError
 from .pipeline import _pipeline_order, order_for_pipeline

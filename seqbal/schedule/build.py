@@ -31,7 +31,8 @@ from ..partition import (
     smallest_feasible_partitions,
 )
 from ..partition.parts import _part_sums
-from ..validation import balance_workloads, int_argument
+from ..validation import int_argument
+from ..workload import balance_workloads
 from .divisor import _too_few_groups
 from .dp_schedule import DPSchedule, _group_maxima, _schedule_of
 from .equal_samples import _check_equal_samples, _equal_samples_schedule
