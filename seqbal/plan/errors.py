@@ -47,6 +47,11 @@ class MicroBatchPlanError(ValueError):
         return (type(self), (str(self), self.code))
 
 
+# Named by the package that exports it, as before the split: tracebacks keep printing
+# ``seqbal.plan.MicroBatchPlanError`` (doctests and logs match on it) and pickles keep the path.
+MicroBatchPlanError.__module__ = "seqbal.plan"
+
+
 _REASONS = {
     MicroBatchPlanError.CANNOT_SATISFY: "it cannot form the number of micro-batches needed",
     MicroBatchPlanError.FORCED_GROUP_EXCEEDS: "a forced group exceeds max_token_len",

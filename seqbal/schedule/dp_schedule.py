@@ -47,6 +47,7 @@ class DPSchedule:
     def __repr__(self) -> str:
         """The shape of the schedule, not its micro-batches (``rank_micro_batches`` lists those).
 
+        >>> from seqbal import build_dp_schedule  # its own module imports this one
         >>> build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8)
         <DPSchedule dp_size=2 num_micro_batches=2 max_token_len=8 samples=6 tokens=24>
         """
@@ -56,6 +57,7 @@ class DPSchedule:
     def rank_micro_batches(self, rank: int) -> list[list[int]]:
         """Micro-batches of ``rank`` as lists of global sample indices. O(n / dp_size).
 
+        >>> from seqbal import build_dp_schedule  # its own module imports this one
         >>> build_dp_schedule([6, 2, 5, 3, 4, 4], dp_size=2, max_token_len=8).rank_micro_batches(1)
         [[3, 5], [2]]
         """
@@ -64,6 +66,7 @@ class DPSchedule:
     def local_micro_batches(self, rank: int) -> list[list[int]]:
         """Micro-batches of ``rank`` as positions in ``rank_indices[rank]``: contiguous ranges.
 
+        >>> from seqbal import build_dp_schedule  # its own module imports this one
         >>> s = build_dp_schedule([5, 3, 4, 4], dp_size=2, max_token_len=8)
         >>> s.local_micro_batches(0)
         [[0, 1]]
@@ -90,6 +93,7 @@ class DPSchedule:
         Both are in ``(0, 1]``, 1.0 is perfect, and ``per_micro_batch <= per_step``. An empty
         workload gives 1.0. O(n).
 
+        >>> from seqbal import build_dp_schedule  # its own module imports this one
         >>> s = build_dp_schedule([5, 3, 4, 4], dp_size=2, max_token_len=8)
         >>> s.step_efficiency()["per_step"] > 0.999
         True
@@ -115,6 +119,7 @@ class DPSchedule:
         micro-batch), ``max_tokens`` (largest micro-batch), ``micro_batch_workload_imbalance``
         (max / mean over all micro-batches).
 
+        >>> from seqbal import build_dp_schedule  # its own module imports this one
         >>> build_dp_schedule([5, 3, 4, 4], dp_size=2, max_token_len=8).summary()["tokens_per_rank"]
         [8, 8]
         """
