@@ -18,6 +18,8 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
+from ._default_workload import DEFAULT_LINEAR_COEFFICIENT
+
 IntSequence = Union[Sequence[int], np.ndarray]
 
 INT64_MAX = 2**63 - 1
@@ -295,38 +297,10 @@ def check_int64_sums(
 
 def _default_workload_total(tokens: np.ndarray) -> int:
     """Exact total of the default model ``24576 s + s**2`` over the positive ``tokens``. O(n)."""
-    from .workload import DEFAULT_LINEAR_COEFFICIENT
-
     positive = tokens[tokens > 0]
     if positive.size and int(positive.max()) <= 2**31:  # each workload fits in int64
         return exact_total(DEFAULT_LINEAR_COEFFICIENT * positive + positive * positive)
     return sum(DEFAULT_LINEAR_COEFFICIENT * v + v * v for v in positive.tolist())  # Python ints: no wrap
-
-
-def balance_workloads(tokens: np.ndarray) -> np.ndarray:
-    """The default workloads of int64 ``tokens``, as int64 values safe to balance on.
-
-    Exact (:func:`seqbal.calculate_workload`) wherever their total fits
-    :data:`INT64_SAFE_TOTAL`, which is every input a plan was ever made on; beyond it, the
-    model computed in float64 and divided by the smallest power of two that brings the total
-    under that bound, then floored. A balance needs only the workloads' ratios, so this keeps
-    every input whose *tokens* fit (``plan_micro_batches([10**9], 2 * 10**9)``) plannable,
-    where an exact int64 model would have to refuse it; the cap is still checked exactly, on
-    the integer tokens. O(n).
-
-    >>> balance_workloads(np.array([1, 1000])).tolist()
-    [24577, 25576000]
-    >>> balance_workloads(np.array([10**9, 10**9])).tolist()  # 2.0e18 exact: above the bound
-    [125003072000000000, 125003072000000000]
-    """
-    from .workload import DEFAULT_LINEAR_COEFFICIENT, calculate_workload
-
-    total = _default_workload_total(tokens)
-    if total <= INT64_SAFE_TOTAL:
-        return calculate_workload(tokens)
-    shift = (total // INT64_SAFE_TOTAL).bit_length() + 1  # one more halving covers float rounding
-    s = tokens.astype(np.float64)
-    return np.floor((DEFAULT_LINEAR_COEFFICIENT * s + s * s) / 2.0**shift).astype(np.int64)
 
 
 def check_items_fit(sizes: np.ndarray, capacity: Any) -> int:

@@ -8,6 +8,11 @@ time of micro-batches that mix short and long sequences. The default constant is
 ``h = 4096`` (7B-class models); :func:`make_workload_fn` builds the model for another size.
 
 Workloads are exact integers (int64), so partitions are the same on every machine.
+
+:func:`balance_workloads` (the default workloads of tokens, made safe to balance on beyond
+int64) lives here with the model it computes. The import runs one way: this module uses
+:mod:`seqbal.validation`'s checks, and validation, which needs only the default model's
+constant (``seqbal/_default_workload.py``), never imports this module back.
 """
 
 from __future__ import annotations
@@ -16,15 +21,12 @@ from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 import numpy as np
 
-from .validation import INT64_MAX, int_argument, int_array
+from ._default_workload import DEFAULT_HIDDEN_SIZE, DEFAULT_LINEAR_COEFFICIENT
+from .validation import INT64_MAX, INT64_SAFE_TOTAL, _default_workload_total, int_argument, int_array
 
 if TYPE_CHECKING:
     import torch
 
-#: Hidden size the default workload model is calibrated for (7B-class dense transformers).
-DEFAULT_HIDDEN_SIZE = 4096
-#: Linear coefficient of the default model: ``6 * DEFAULT_HIDDEN_SIZE``.
-DEFAULT_LINEAR_COEFFICIENT = 6 * DEFAULT_HIDDEN_SIZE  # 24576
 
 #: Lengths: a torch tensor, a NumPy array or a sequence of ints (torch is never imported here).
 Lengths = Union["torch.Tensor", np.ndarray, Sequence[int]]
@@ -85,3 +87,27 @@ def _check_range(longest: int, linear: int) -> None:
             f"a length of {longest} tokens has the workload {linear} * s + s**2 = {linear * longest + longest * longest}, "
             f"beyond int64 (at most 2**63 - 1): workloads are exact int64"
         )
+
+
+def balance_workloads(tokens: np.ndarray) -> np.ndarray:
+    """The default workloads of int64 ``tokens``, as int64 values safe to balance on.
+
+    Exact (:func:`seqbal.calculate_workload`) wherever their total fits
+    :data:`INT64_SAFE_TOTAL`, which is every input a plan was ever made on; beyond it, the
+    model computed in float64 and divided by the smallest power of two that brings the total
+    under that bound, then floored. A balance needs only the workloads' ratios, so this keeps
+    every input whose *tokens* fit (``plan_micro_batches([10**9], 2 * 10**9)``) plannable,
+    where an exact int64 model would have to refuse it; the cap is still checked exactly, on
+    the integer tokens. O(n).
+
+    >>> balance_workloads(np.array([1, 1000])).tolist()
+    [24577, 25576000]
+    >>> balance_workloads(np.array([10**9, 10**9])).tolist()  # 2.0e18 exact: above the bound
+    [125003072000000000, 125003072000000000]
+    """
+    total = _default_workload_total(tokens)
+    if total <= INT64_SAFE_TOTAL:
+        return calculate_workload(tokens)
+    shift = (total // INT64_SAFE_TOTAL).bit_length() + 1  # one more halving covers float rounding
+    s = tokens.astype(np.float64)
+    return np.floor((DEFAULT_LINEAR_COEFFICIENT * s + s * s) / 2.0**shift).astype(np.int64)

@@ -532,7 +532,7 @@ def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatc
     path = tmp_path / "many.txt"
     path.write_text("1000\n" * 2000)
     assert cli.kk_sets_per_pass([np.full(1000, 1000)] * 2, 4096) == 490_000 > cli.COMPARE_AUTO_MAX_KK_SETS
-    monkeypatch.setattr(cli, "_compare_with_verl", fail)
+    monkeypatch.setattr(cli.report, "_compare_with_verl", fail)  # where build_report looks it up
     result = call("plan", str(path), "--dp", "2")
     assert result.returncode == 0, result.stderr
     assert ("comparison with verl and the other routes skipped: verl's Karmarkar-Karp would build 490,000 sets "
@@ -752,7 +752,7 @@ def test_report_says_which_verl_ran(monkeypatch):
     if real["verl_0_9"]["ran"] == "verl":
         assert real["verl_0_9"]["verl_version"] == "0.9.1"
         assert real["verl_0_9"]["implementation"].startswith("verl 0.9.1's own rearrange_micro_batches")
-    monkeypatch.setattr(cli, "load_verl", lambda: VerlCode(reason="verl is not installed"))
+    monkeypatch.setattr(cli.compare, "load_verl", lambda: VerlCode(reason="verl is not installed"))
     text = call("plan", "--dp", "2", "--max-token-len", "16384").stdout
     flat = " ".join(text.split())
     assert "verl >= 0.9 ran: seqbal's re-implementation of verl 0.9.1's rearrange_micro_batches" in flat

@@ -178,7 +178,7 @@ def test_mask_of_halves_and_twos_is_a_value_error_before_planning(monkeypatch):
 
 def _forbid_planning(monkeypatch) -> None:
     """Make any planning work fail loudly, so a test proves its error came first."""
-    from seqbal import plan as plan_module
+    from seqbal.plan import local as plan_module  # the module that calls _local_plan
 
     def no_planning(*args, **kwargs):
         raise AssertionError("planning started before the input was rejected")

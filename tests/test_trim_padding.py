@@ -158,7 +158,7 @@ def test_mask_as_wide_as_the_mrope_channels_is_refused_naming_the_key() -> None:
 
 
 def test_square_entry_in_a_nested_tensordict_is_refused_before_planning(monkeypatch) -> None:
-    from seqbal import plan as plan_module
+    from seqbal.plan import local as plan_module  # the module that calls _local_plan
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     batch = TensorDict(

@@ -1,0 +1,139 @@
+"""The comparison with verl: verl's own code where verl is installed, else a re-implementation.
+
+The verl side is verl's own code where verl is installed (:mod:`seqbal._verl_run`: verl 0.9.1's
+``rearrange_micro_batches``, one thread per simulated rank, its all-reduces served in-process),
+else a re-implementation that does verl's work (:mod:`seqbal._kk_loop`); the report says which
+ran. A faster stand-in would make seqbal look slower than it is against the verl users run.
+
+verl's Karmarkar-Karp builds ``k`` set objects per sample per pass (``k`` the micro-batch
+count), so the comparison grows as samples x micro-batches and takes minutes on large inputs:
+by default it runs only up to :data:`COMPARE_AUTO_MAX_KK_SETS` of them; ``--compare on|off``
+overrides the rule. Long runs show their phase on standard error (:class:`Progress`) when it is
+a terminal, never on standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .._verl_run import VerlCode, load_verl, one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
+from ..partition import ceildiv
+from .ranks import RankSplit, _rank_rows
+
+
+#: ``--compare auto`` compares with verl and the other routes while verl's KK builds at most this
+#: many set objects per pass over all ranks (groups x micro-batches at verl's first count). One
+#: pass costs about 10 us per set in a process that has torch loaded (the shipped sample, 800
+#: samples at cap 4096: 75,200 sets, 0.7 s per pass, 3 passes); above this it is opt-in.
+COMPARE_AUTO_MAX_KK_SETS = 200_000
+def kk_sets_per_pass(rank_lengths: Sequence[np.ndarray], max_token_len: int, group_size: int = 1) -> int:
+    """Set objects verl's Karmarkar-Karp builds in one pass over all ranks: per rank, its groups
+    times verl's first count ``min(groups, ceildiv(tokens, cap))``. What the comparison costs.
+
+    >>> kk_sets_per_pass([np.array([4096] * 10), np.array([100] * 10)], 4096)
+    110
+    """
+    total = 0
+    for lengths in rank_lengths:
+        groups = len(lengths) // group_size
+        total += groups * max(1, min(groups, ceildiv(int(lengths.sum()), max_token_len)))
+    return total
+
+
+class Progress:
+    """The current phase of a long run on standard error, only when that is a terminal.
+
+    One line, rewritten in place and erased at the end, so nothing of it is left in the
+    terminal, and nothing at all goes to a pipe, a file or standard output.
+    """
+
+    def __init__(self, stream: Optional[Any] = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.active = bool(isatty and isatty())
+        self.shown = False
+
+    def phase(self, text: str) -> None:
+        if self.active:
+            self.stream.write(f"\r\033[Kseqbal: {text} ...")
+            self.stream.flush()
+            self.shown = True
+
+    def done(self) -> None:
+        if self.active and self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+class _OneTorchThread:
+    """torch on one thread while the comparison runs, then as it was. Both sides plan on one
+    thread; on a machine whose cores are busy, torch's thread pool makes every small tensor op
+    wait for them (tens of ms each), which would time the machine, not the code."""
+
+    def __enter__(self) -> "_OneTorchThread":
+        import torch
+
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+
+def _compare_with_verl(split: RankSplit, args: argparse.Namespace, progress: Progress) -> tuple[dict, dict]:
+    """verl >= 0.9 (strict loop) and verl <= 0.8 (one pass) on the ranks seqbal planned."""
+    options = dict(force_group_size=args.group_size, num_batches_divided_by=args.divisible_by,
+                   min_num_micro_batch=args.min_micro_batches)
+    progress.phase("importing verl for the comparison")
+    code: VerlCode = load_verl()
+    dp = len(split.lengths)
+    with _OneTorchThread():
+        if code.module is not None:
+            progress.phase(f"verl {code.version}: rearrange_micro_batches on {dp} rank(s)")
+            strict = verl_strict_loop(code, split.lengths, args.max_token_len, **options)
+            ran, name = "verl", f"verl {code.version}"
+            what = (f"verl {code.version}'s own rearrange_micro_batches"
+                    + (", one thread per rank, its all-reduces served in-process" if dp > 1 else ""))
+            single_what = (f"verl {code.version}'s own Karmarkar-Karp (the same code as verl 0.8.0's), "
+                           f"one pass at verl 0.8's count")
+        else:
+            progress.phase(f"verl >= 0.9, re-implemented: the strict loop on {dp} rank(s)")
+            strict = reimplemented_strict_loop(split.lengths, args.max_token_len, **options)
+            ran, name = "reimplementation", "verl >= 0.9"
+            what = f"seqbal's re-implementation of verl 0.9.1's rearrange_micro_batches, doing its work ({code.reason})"
+            single_what = "seqbal's re-implementation of verl's Karmarkar-Karp, one pass at verl 0.8's count"
+        progress.phase("verl <= 0.8: one KK pass")
+        single, single_seconds = one_pass_0_8(code, split.lengths, args.max_token_len, **options)
+    strict_report = {
+        "ran": ran,
+        "name": name,
+        "implementation": what,
+        "verl_version": code.version,
+        "verl_import_seconds": code.import_seconds if code.module is not None else None,
+        "micro_batches_per_rank": len(strict.parts[0]) if strict.parts else None,
+        "kk_passes": strict.passes,
+        "all_reduces": strict.all_reduces,
+        "failed_at": strict.failed_at,
+        "errors": [e for e in strict.errors if e] or None,
+        "seconds": strict.seconds,
+        "ranks": (_rank_rows(split.lengths, strict.parts, args.max_token_len, args.cost_model, args.group_size)
+                  if strict.parts else []),
+    }
+    single_report = {
+        "ran": ran,
+        "implementation": single_what,
+        "micro_batches_per_rank": single.count if single.parts else None,
+        "over_cap": single.over_cap,
+        "largest_micro_batch": single.largest,
+        "failed": single.parts is None,
+        "seconds": single_seconds,
+    }
+    return strict_report, single_report

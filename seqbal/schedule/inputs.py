@@ -1,0 +1,94 @@
+"""The schedule's inputs: lengths as an int array, per-sample workloads, uid groups, counts.
+
+Shared by every route of the schedule (the aligned one, ``equal_samples``, the padded one) and by
+:func:`~seqbal.schedule.balance.balance_batch`, so each argument is read and checked in one
+place, before any planning starts. Pure Python/NumPy on plain lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import numpy as np
+
+from ..partition import INT64_SAFE_TOTAL
+from ..validation import int_argument, int_array
+from ..workload import calculate_workload
+
+
+WorkloadFn = Callable[[Any], Any]
+
+
+
+
+def _lengths_array(lengths: Any) -> np.ndarray:
+    """Lengths as a 1-D int64 array; ValueError on anything else (tensors are accepted)."""
+    return int_array(
+        lengths, "lengths", samples=True, integral_floats=False, sums=False,
+        empty="lengths is empty (0 samples): nothing to schedule",
+    )
+
+
+def _workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.ndarray:
+    values = np.asarray((workload_fn or calculate_workload)(lengths))
+    if values.shape != lengths.shape:
+        raise ValueError(f"workload_fn returned shape {values.shape} for lengths of shape {lengths.shape}")
+    if not np.issubdtype(values.dtype, np.integer):
+        # Integer workloads keep KK exact and deterministic; round float models once here.
+        values = np.rint(values.astype(np.float64))
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(
+                f"workload_fn returned {values[bad[0]]} for sample {int(bad[0])} (length {int(lengths[bad[0]])}); "
+                f"workloads must be finite"
+            )
+        if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
+            index = int(np.argmax(np.abs(values)))
+            raise ValueError(f"workload_fn returned {values[index]:.4g} for sample {index}, beyond int64 sums")
+    elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
+        index = int(np.argmax(values))
+        raise ValueError(f"workload_fn returned {int(values[index])} for sample {index}, beyond int64 sums")
+    values = values.astype(np.int64)
+    if (values < 0).any():
+        index = int(np.argmax(values < 0))
+        raise ValueError(f"workload_fn returned a negative workload ({int(values[index])}) for sample {index}")
+    return values
+
+
+def _groups(
+    n: int, force_group_size: int, group_ids: Optional[Sequence[Hashable]]
+) -> list[list[int]]:
+    """Sample indices of every group, groups in order of first appearance, indices ascending."""
+    force_group_size = int_argument("force_group_size", force_group_size, expected="an int >= 1")
+    if group_ids is not None:
+        if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
+            group_ids = group_ids.tolist()
+        if not hasattr(group_ids, "__len__") or not hasattr(group_ids, "__getitem__"):
+            raise ValueError(
+                f"group_ids must be a sequence (list, tuple, array or tensor) of n hashable ids, got "
+                f"{type(group_ids).__name__}"
+            )
+        if force_group_size != 1:
+            raise ValueError(
+                f"give either force_group_size (got {force_group_size}) or group_ids, not both: "
+                f"set force_group_size=1 when passing group_ids"
+            )
+        if len(group_ids) != n:
+            raise ValueError(f"lengths has {n} entries but group_ids has {len(group_ids)}")
+        members: dict[Hashable, list[int]] = {}
+        for index, uid in enumerate(group_ids):
+            try:
+                members.setdefault(uid, []).append(index)
+            except TypeError:
+                raise ValueError(
+                    f"group_ids[{index}] is {uid!r} of type {type(uid).__name__}, which is not hashable"
+                ) from None
+        return list(members.values())
+    if n % force_group_size:
+        raise ValueError(f"force_group_size={force_group_size} does not divide the batch size {n}")
+    g = force_group_size
+    return [list(range(start, start + g)) for start in range(0, n, g)]
+
+
+def _optional_count(name: str, value: Any) -> Optional[int]:
+    return int_argument(name, value, optional=True, expected="None or an int >= 1")

@@ -1,0 +1,381 @@
+"""Aligned slots: slot ``i`` of every rank carries similar work (steps 4-6 of the schedule).
+
+The bins are handed out as **aligned slots**, not only as balanced ranks. Under FSDP every
+micro-batch gathers and scatters parameters, so ranks wait for each other at every micro-batch
+and a step costs the sum over slots of the slowest rank's micro-batch in that slot; balancing
+whole ranks (all that DDP's once-per-step all-reduce needs) leaves slot ``i`` holding unrelated
+micro-batches on different ranks. So the bins are sorted by workload and cut into slots of
+``dp_size``, each slot is evened out with group moves and swaps under the cap
+(:func:`_even_slots`), each slot's bins are placed on ranks so that rank totals balance as well
+(:func:`_ranks_within_slots`, then :func:`_polish_ranks`), and the slots run in the same order
+on every rank (the pipeline order of ``use_dynamic_bsz_balance``). The alternative, ordering
+each rank's micro-batches after a rank-level assignment, cannot move work between ranks any
+more. Every step is bounded by the budgets below, whatever the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..partition.parts import _part_sums
+
+
+#: A slot counts as even once its heaviest micro-batch is within this factor of the slot's mean:
+#: past it a step gains less than a thousandth of a percent of the step time.
+SLOT_CLOSE_ENOUGH = 1.00001
+#: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
+#: the most room below their own slot's maximum: past the few roomiest a trade rarely fits. On
+#: more than ``SLOT_PARTNERS + 1`` ranks, also the most of its own slot's (the lightest).
+SLOT_PARTNERS = 16
+#: Passes over all slots; a pass that changes nothing ends the evening early.
+SLOT_PASSES = 3
+
+
+#: Groups of one bin a trade looks at, at most: beyond it, evenly spaced ranks of the bin's
+#: groups by workload (a bin of thousands of short samples would make a step quadratic in them).
+TRADE_ITEMS = 24
+#: Heavy groups (the lightest of those a trade looks at) scored first for swaps: most steps find
+#: their best swap among them, and skip the rest.
+SWAP_FIRST_ROWS = 4
+#: Trades per slot per pass, at most.
+SLOT_STEPS = 64
+#: Trade attempts over all slots and passes, per slot (plus 64): bounds the evening at
+#: O(slots) vectorised steps whatever the data.
+SLOT_BUDGET_PER_SLOT = 64
+
+
+def _some(items: list[int], work: np.ndarray) -> list[int]:
+    """``items``, or :data:`TRADE_ITEMS` of them at evenly spaced workload ranks. O(s log s)."""
+    if len(items) <= TRADE_ITEMS:
+        return items
+    array = np.asarray(items, dtype=np.int64)
+    ranked = array[np.argsort(work[array], kind="stable")]
+    # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
+    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
+
+
+def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
+    """Bins sorted by workload (heaviest first, ties by first group), cut into slots of ``dp``.
+
+    Grouping consecutive bins of the sorted order minimises the sum over slots of the heaviest
+    bin in the slot (an exchange argument), which is the step time when ranks sync at every
+    micro-batch. O(t log t).
+    """
+    order = sorted(range(len(parts)), key=lambda b: (-int(bin_work[b]), parts[b][0] if parts[b] else -1))
+    return [order[start:start + dp] for start in range(0, len(order), dp)]
+
+
+def _even_slots(
+    parts: list[list[int]],
+    slots: list[list[int]],
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    *,
+    moves: bool,
+) -> list[list[int]]:
+    """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
+    a slot's heaviest bin and another bin, within the cap, never emptying a bin.
+
+    The partner is another bin of the same slot (with more than ``SLOT_PARTNERS + 1`` ranks, one
+    of its :data:`SLOT_PARTNERS` lightest), or one of the :data:`SLOT_PARTNERS` bins of other
+    slots with the most room below their own slot's maximum (a trade that lifts such a bin but
+    not above its slot's maximum costs nothing). A step applies the trade with the largest
+    gain, the drop of this slot's maximum minus the rise of the partner slot's maximum; a trade
+    of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
+    resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
+    or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
+    passes. ``moves=False`` allows swaps only (each bin keeps its group count:
+    ``equal_samples``). Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
+    per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
+    the delta nor the partner's room) is below the best move, and score the heavy bin's first
+    :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
+    once they reach the step's upper bound: the same trade as the full matrix, usually at a
+    fraction of its cost.
+    """
+    parts = [list(p) for p in parts]
+    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
+    bin_work = _part_sums(work, parts).astype(np.int64)
+    slot_of = np.empty(len(parts), dtype=np.int64)
+    for index, slot in enumerate(slots):
+        slot_of[slot] = index
+    grid = [np.asarray(slot, dtype=np.int64) for slot in slots]
+    flat_bins = np.concatenate(grid) if grid else np.zeros(0, dtype=np.int64)
+    starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
+    big = np.iinfo(np.int64).min
+    cache: dict[int, np.ndarray] = {}  # bin -> the groups trades look at, until the bin changes
+
+    def picked(b: int) -> np.ndarray:
+        if b not in cache:
+            cache[b] = np.asarray(_some(parts[b], work), dtype=np.int64)
+        return cache[b]
+
+    def trade(s: int) -> bool:
+        slot = grid[s]
+        values = bin_work[slot]
+        order = np.argsort(-values, kind="stable")
+        heavy, top = int(slot[order[0]]), int(values[order[0]])
+        second = int(values[order[1]]) if len(slot) > 1 else 0
+        third = int(values[order[2]]) if len(slot) > 2 else 0
+        if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
+            return False
+        # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
+        kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
+        partners = [int(slot[k]) for k in np.sort(kept)]
+        # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
+        # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
+        wanted = SLOT_PARTNERS + len(slot)
+        if len(room) > wanted:
+            threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
+            others = np.flatnonzero(room >= threshold)
+        else:
+            others = np.flatnonzero(room > 0)
+        others = others[slot_of[others] != s]
+        others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
+        partners += others.tolist()
+        if not partners:
+            return False
+        chosen = [picked(b) for b in partners]
+        sizes = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
+        p_items = np.concatenate(chosen)
+        p_bins = np.repeat(np.asarray(partners, dtype=np.int64), sizes)
+        h_items = picked(heavy)
+        h_work, h_tok = work[h_items], tokens[h_items]
+        # what the slot's maximum is without the heavy bin and the partner
+        rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
+        p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
+
+        inside = sum(int(n) for n in sizes[:len(partners) - len(others)])  # columns of this slot's bins
+
+        def gains(delta: np.ndarray, ok: np.ndarray, columns: Any, cut: int) -> np.ndarray:
+            # columns [:cut] are bins of this slot, [cut:] of other slots: one formula each
+            value = p_value[columns]
+            d_in, d_out = delta[:, :cut], delta[:, cut:]
+            lifted = value[None, :cut] + d_in
+            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[columns][None, :cut])
+            keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
+            ceiling = p_top[columns][None, cut:]
+            lifted = value[None, cut:] + d_out
+            gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
+            keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
+            return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
+
+        best = None  # (gain, delta, kind, i, j)
+        first = np.cumsum(sizes) - sizes
+        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= capacity - int(bin_tokens[p_bins[first]].min()):
+            # a move depends on the partner bin only: one column per partner bin (its first item)
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
+            ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
+            score = gains(delta, ok, first, len(partners) - len(others))
+            flat = int(np.argmax(score))
+            if score.flat[flat] > big:
+                i, c = divmod(flat, len(first))
+                best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
+        # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
+        # min(top - second, the partner's room) in another: columns that cannot reach the best
+        # move's gain (or that no heavy group outweighs) cannot win, and are left out.
+        p_work = work[p_items]
+        bound = np.minimum(h_work.max() - p_work, np.concatenate((
+            top - np.maximum(rest[:inside], p_value[:inside]),
+            np.minimum(top - second, p_top[inside:] - p_value[inside:]),
+        )))
+        keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
+        if len(keep):
+            k_work, k_tok, k_room = p_work[keep], tokens[p_items[keep]], capacity - bin_tokens[p_bins[keep]]
+            cut, ceiling = int(np.searchsorted(keep, inside)), int(bound[keep].max())
+            found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
+            # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
+            # reaches it the first maximum is there (usually: the block's few lightest groups).
+            for rows in (slice(0, SWAP_FIRST_ROWS), slice(SWAP_FIRST_ROWS, None)):
+                delta = h_work[rows, None] - k_work[None, :]
+                if delta.size == 0:
+                    continue
+                shift = h_tok[rows, None] - k_tok[None, :]
+                ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
+                score = gains(delta, ok, keep, cut)
+                flat = int(np.argmax(score))
+                if int(score.flat[flat]) > found[0]:
+                    i, c = divmod(flat, len(keep))
+                    found = (int(score.flat[flat]), i + rows.start, c)
+                if found[0] >= ceiling:
+                    break
+            if found[0] > big:
+                _, i, c = found
+                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(keep[c]))
+                if best is None or candidate[:2] > best[:2]:
+                    best = candidate
+        if best is None:
+            return False
+        _, _, kind, i, j = best
+        group, target = int(h_items[i]), int(p_bins[j])
+        exchanges = [(group, heavy, target)]
+        if kind == 1:
+            exchanges.append((int(p_items[j]), target, heavy))
+        cache.pop(heavy, None)
+        cache.pop(target, None)
+        for g, src, dst in exchanges:
+            parts[src].remove(g)
+            parts[dst].append(g)
+            bin_tokens[src] -= tokens[g]
+            bin_tokens[dst] += tokens[g]
+            bin_work[src] -= work[g]
+            bin_work[dst] += work[g]
+        for touched in {s, int(slot_of[target])}:
+            refresh(touched)
+        return True
+
+    def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
+        maxima[s] = bin_work[grid[s]].max()
+        room[grid[s]] = maxima[s] - bin_work[grid[s]]
+
+    if all(len(slot) < 2 for slot in slots):
+        return parts
+    maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
+    room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
+    budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
+    for _ in range(SLOT_PASSES):
+        excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
+        changed = False
+        for s in sorted(range(len(grid)), key=lambda s: (-excess[s], s)):
+            for _ in range(min(4 * sum(len(parts[b]) for b in grid[s]) + 16, SLOT_STEPS)):
+                budget -= 1
+                if budget < 0 or not trade(s):
+                    break
+                changed = True
+        if not changed or budget < 0:
+            break
+    return [sorted(p) for p in parts]
+
+
+def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
+    """Place each slot's bins on ranks (one per rank) so that rank totals are balanced too.
+
+    Slots in order of their heaviest bin; each slot's bins, heaviest first, go to the ranks
+    lightest first (LPT across slots), then pairwise exchanges inside one slot between the
+    heaviest and the lightest rank while they narrow the gap (at most ``4 * slots``). Which bin
+    sits on which rank inside a slot does not change the per-micro-batch step time, only the
+    per-step one. Returns the grid: ``grid[s][r]`` is the bin of rank ``r`` in slot ``s``.
+    O(slots * dp log dp + exchanges * slots).
+    """
+    totals = [0] * dp
+    grid: list[list[int]] = []
+    for slot in slots:
+        row = [-1] * dp
+        lightest = sorted(range(dp), key=lambda r: (totals[r], r))
+        for rank, b in zip(lightest, sorted(slot, key=lambda b: (-int(bin_work[b]), b))):
+            row[rank] = b
+            totals[rank] += int(bin_work[b])
+        grid.append(row)
+    for _ in range(4 * len(grid)):
+        heavy = max(range(dp), key=lambda r: (totals[r], -r))
+        light = min(range(dp), key=lambda r: (totals[r], r))
+        diff = totals[heavy] - totals[light]
+        best: Optional[tuple[int, int]] = None  # (gap after, slot)
+        for s, row in enumerate(grid):
+            delta = int(bin_work[row[heavy]]) - int(bin_work[row[light]])
+            if 0 < delta < diff and (best is None or abs(diff - 2 * delta) < best[0]):
+                best = (abs(diff - 2 * delta), s)
+        if best is None:
+            break
+        row = grid[best[1]]
+        delta = int(bin_work[row[heavy]]) - int(bin_work[row[light]])
+        row[heavy], row[light] = row[light], row[heavy]
+        totals[heavy] -= delta
+        totals[light] += delta
+    return grid
+
+
+#: Steps of the rank polish per rank (see :func:`_polish_ranks`).
+POLISH_STEPS_PER_RANK = 4
+
+
+def _polish_ranks(
+    parts: list[list[int]],
+    grid: list[list[int]],
+    tokens: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    *,
+    moves: bool,
+) -> list[list[int]]:
+    """Even out rank totals without touching any slot's maximum: single-group moves and swaps
+    between the heaviest and the lightest rank's micro-batches of one slot, where the receiving
+    micro-batch stays at or below its slot's maximum and within the cap.
+
+    Each step applies, over all slots, the trade whose shift is nearest to half the two ranks'
+    gap (and below the gap); at most ``POLISH_STEPS_PER_RANK * dp`` steps, stopping when no
+    trade narrows the gap or the heaviest rank is within :data:`SLOT_CLOSE_ENOUGH` of the mean. The per-micro-batch step time cannot get worse; the per-step one
+    gets better. ``moves=False``: swaps only. O(steps * t * s^2) vectorised, ``s`` groups per bin.
+    """
+    dp = len(grid[0]) if grid else 0
+    if dp < 2:
+        return parts
+    parts = [list(p) for p in parts]
+    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
+    bin_work = _part_sums(work, parts).astype(np.int64)
+    cells = np.asarray(grid, dtype=np.int64)  # [slots, dp] bins
+    for _ in range(POLISH_STEPS_PER_RANK * dp):
+        totals = bin_work[cells].sum(axis=0)
+        heavy, light = int(np.argmax(totals)), int(np.argmin(totals))
+        diff = int(totals[heavy] - totals[light])
+        if diff <= 0 or totals[heavy] <= SLOT_CLOSE_ENOUGH * float(totals.mean()):
+            break
+        maxima = bin_work[cells].max(axis=1)
+        best: Optional[tuple[int, int, int, int, int]] = None  # (gap, slot, kind, group out, group in)
+        for slot in range(len(cells)):
+            a, b = int(cells[slot, heavy]), int(cells[slot, light])
+            allowance = int(maxima[slot] - bin_work[b])
+            if allowance <= 0:
+                continue
+            a_items = np.asarray(_some(parts[a], work), dtype=np.int64)
+            b_items = np.asarray(_some(parts[b], work), dtype=np.int64)
+            limit = min(allowance, diff - 1)
+            if moves and len(parts[a]) > 1:
+                w = work[a_items]
+                ok = (w > 0) & (w <= limit) & (tokens[a_items] <= capacity - bin_tokens[b])
+                if ok.any():
+                    gaps = np.where(ok, np.abs(diff - 2 * w), np.iinfo(np.int64).max)
+                    i = int(np.argmin(gaps))
+                    if best is None or int(gaps[i]) < best[0]:
+                        best = (int(gaps[i]), slot, 0, int(a_items[i]), -1)
+            delta = work[a_items][:, None] - work[b_items][None, :]
+            shift = tokens[a_items][:, None] - tokens[b_items][None, :]
+            ok = (delta > 0) & (delta <= limit) & (shift <= capacity - bin_tokens[b]) & (-shift <= capacity - bin_tokens[a])
+            if ok.any():
+                gaps = np.where(ok, np.abs(diff - 2 * delta), np.iinfo(np.int64).max)
+                i, j = divmod(int(np.argmin(gaps)), len(b_items))
+                if best is None or int(gaps[i, j]) < best[0]:
+                    best = (int(gaps[i, j]), slot, 1, int(a_items[i]), int(b_items[j]))
+        if best is None:
+            break
+        _, slot, kind, out_group, in_group = best
+        a, b = int(cells[slot, heavy]), int(cells[slot, light])
+        exchanges = [(out_group, a, b)] + ([(in_group, b, a)] if kind == 1 else [])
+        for g, src, dst in exchanges:
+            parts[src].remove(g)
+            parts[dst].append(g)
+            bin_tokens[src] -= tokens[g]
+            bin_tokens[dst] += tokens[g]
+            bin_work[src] -= work[g]
+            bin_work[dst] += work[g]
+    return [sorted(p) for p in parts]
+
+
+def _aligned(
+    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
+    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
+    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
+    parts = _even_slots(parts, slots, tokens, work, capacity, moves=True)
+    grid = _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
+    parts = _polish_ranks(parts, grid, tokens, work, capacity, moves=True)
+    return parts, grid
+
+
+def _slot_cost(parts: list[list[int]], grid: list[list[int]], work: np.ndarray) -> tuple[int, int]:
+    """(sum over slots of the heaviest bin, heaviest rank total): the two step times, in order."""
+    cells = _part_sums(work, parts)[np.asarray(grid, dtype=np.int64)]
+    return int(cells.max(axis=1).sum()), int(cells.sum(axis=0).max())
