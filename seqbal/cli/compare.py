@@ -51,17 +51,36 @@ class Progress:
     terminal, and nothing at all goes to a pipe, a file or standard output.
     """
 
+    #: Characters of the bar that :meth:`fraction` draws.
+    BAR_WIDTH = 30
+
     def __init__(self, stream: Optional[Any] = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
         self.active = bool(isatty and isatty())
         self.shown = False
+        self._percent: Optional[int] = None
 
     def phase(self, text: str) -> None:
         if self.active:
             self.stream.write(f"\r\033[Kseqbal: {text} ...")
             self.stream.flush()
             self.shown = True
+            self._percent = None
+
+    def fraction(self, text: str, done: int, total: int) -> None:
+        """``text [#####.....] 42%``, redrawn only when the percentage changes (``done`` is
+        clamped to ``total``: a plan may search some items twice)."""
+        if not self.active or total <= 0:
+            return
+        percent = min(100, done * 100 // total)
+        if percent == self._percent:
+            return
+        self._percent = percent
+        filled = percent * self.BAR_WIDTH // 100
+        self.stream.write(f"\r\033[Kseqbal: {text} [{'#' * filled}{'.' * (self.BAR_WIDTH - filled)}] {percent:3d}%")
+        self.stream.flush()
+        self.shown = True
 
     def done(self) -> None:
         if self.active and self.shown:

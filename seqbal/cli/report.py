@@ -19,6 +19,7 @@ import numpy as np
 
 from .._length_input import check_groups_fit, check_workload_range, read_lengths
 from ..cost import CostModel
+from ..partition.progress import watching
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress, _compare_with_verl, kk_sets_per_pass
 from .ranks import ROUTES, _rank_rows, _seqbal_on, _split
 
@@ -78,10 +79,18 @@ def build_report(
     lengths = read_lengths(args.file, field=args.field, column=args.column, stdin=stdin)
     check_workload_range(lengths)
     check_groups_fit(lengths, args.max_token_len, args.group_size, args.cost_model)
-    progress.phase(f"planning {len(lengths.values)} samples with seqbal")
+    planning = f"planning {len(lengths.values):,} samples with seqbal"
+    progress.phase(planning)
+    items, planned = max(1, len(lengths.values) // args.group_size), [0]
+
+    def planned_more(count: int) -> None:  # the count search's items (groups), chunk by chunk
+        planned[0] += count
+        progress.fraction(planning, planned[0], items)
+
     # seqbal's time is the ranks' planning; for the schedule route that is the split itself
-    split, split_seconds = _timed(lambda: _split(lengths, args, args.route))
-    plans, seconds = _timed(lambda: _seqbal_on(split, args))
+    with watching(planned_more):
+        split, split_seconds = _timed(lambda: _split(lengths, args, args.route))
+        plans, seconds = _timed(lambda: _seqbal_on(split, args))
     if args.route == "schedule":
         seconds = split_seconds
     sets = kk_sets_per_pass(split.lengths, args.max_token_len, args.group_size)
