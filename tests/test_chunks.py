@@ -118,5 +118,5 @@ def test_chunk_count_defaults():
     assert chunks.chunk_count(65536, 10**5) == 1  # where issue 29 measures from: one search
     assert chunks.chunk_count(65537, 10**5) == 2
     assert chunks.chunk_count(10**6, 3 * 10**5) == 16
-    assert chunks.chunk_count(10**6, 3000) == 2  # few parts: few chunks, each of 1024 parts or more
-    assert chunks.chunk_count(10**6, 1000) == 1
+    assert chunks.chunk_count(10**6, 3000) == 11  # few parts: fewer chunks, each of 256 parts or more
+    assert chunks.chunk_count(10**6, 300) == 1

@@ -40,7 +40,7 @@ CHUNK_ITEMS = 65536
 #: part a seam may cost against the search's width): an input of many items in few parts
 #: (short items under a long cap) is one search, where a chunk's part lost to rounding would
 #: be a large share of the count.
-MIN_PARTS_PER_CHUNK = 1024
+MIN_PARTS_PER_CHUNK = 256
 
 def chunk_count(n: int, bound: int) -> int:
     """How many chunks ``n`` items needing at least ``bound`` parts (``ceildiv(total, cap)``)
