@@ -155,14 +155,16 @@ def _chunked_search(
     # only while they can still need fewer parts than it (the parts they found so far plus
     # the plain bounds of the rest), so where the packing wins most searches are skipped.
     packing = _best_fit_decreasing(size, capacity)
-    filled = _reserving_fill_partitions(size, capacity)
-    if len(filled) < len(packing):
-        packing = filled
+    at_bound = len(packing) <= packing_lower_bound(size, capacity)  # then nothing needs fewer parts
+    if not at_bound:
+        filled = _reserving_fill_partitions(size, capacity)
+        if len(filled) < len(packing):
+            packing = filled
     dealt = deal_chunks(size, chunks)
     rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
     found: list[tuple[int, Optional[list[list[int]]], Optional[_Try]]] = []
     needed = 0  # parts the chunks searched so far need
-    for c, members in enumerate(dealt):
+    for c, members in enumerate(dealt if not at_bound else []):
         if needed + sum(rest[c:]) >= len(packing):
             break
         if c >= PROBE_CHUNKS and needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c >= len(packing):
