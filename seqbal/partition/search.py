@@ -113,11 +113,13 @@ def _balanced(
 
 
 def _count_search(
-    size: np.ndarray, work: np.ndarray, capacity: int, min_count: int, step: int
+    size: np.ndarray, work: np.ndarray, capacity: int, min_count: int, step: int, hint_gap: Optional[int] = None
 ) -> tuple[int, Optional[list[list[int]]], Optional[_Try]]:
     """The count of :func:`smallest_feasible_partitions`, before any balance: ``(count, a
     partition into at most count parts or None where count exceeds the items, the try that
-    found it at that count or None)``; a count of 1 comes with its one part, final."""
+    found it at that count or None)``; a count of 1 comes with its one part, final.
+    ``hint_gap``: the search probes ``ceildiv(total, capacity) + hint_gap`` first (see
+    :func:`_search_count`)."""
     n = len(size)
 
     def allowed(count: int) -> int:  # the least count >= count, >= min_count and a multiple of step
@@ -138,7 +140,8 @@ def _count_search(
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing, packed = filled, allowed(len(filled))
-    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing)
+    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
+    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint)
     if count > n:
         return count, None, None
     return count, known, found_by
@@ -169,7 +172,9 @@ def _chunked_search(
             break
         if c >= PROBE_CHUNKS and needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c >= len(packing):
             break  # the chunks so far, each as far above its bound as they were, cannot win
-        found.append(_count_search(size[members], work[members], capacity, 1, 1))
+        # Past the first chunk, each probes first where the ones before it landed.
+        hint_gap = None if not c else round((needed - sum(rest[:c])) / c)
+        found.append(_count_search(size[members], work[members], capacity, 1, 1, hint_gap))
         needed += found[-1][0]
     if len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
         count = len(packing)
@@ -195,16 +200,36 @@ def _search_count(
     packed: int,
     step: int,
     packing: list[list[int]],
+    hint: Optional[int] = None,
 ) -> tuple[int, list[list[int]], Optional[_Try]]:
     """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
     with that partition (at most that many parts) and the try that made it at that count
-    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`."""
+    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`.
+
+    ``hint`` (the chunks of a chunked search: where the chunks before this one landed, as far
+    above their bounds): probed first instead of the one-by-one counts and the one below the
+    packing; where it works, the counts below it are tried downwards until one fails (two
+    tries where the hint is right, against six to ten); where it fails, bisection goes on
+    above it as usual."""
     if low >= packed:
         return low, packing, None
     # Decided once, so every count of this search gets the same try: small inputs get every start.
     thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
     orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
+    if hint is not None and low <= hint < packed:
+        tried = _fit_in(size, work, capacity, hint, thorough, orders)
+        if tried.parts is not None:
+            found, known, found_by = hint, tried.parts, tried
+            count = hint - step
+            while count >= low:
+                tried = _fit_in(size, work, capacity, count, thorough, orders)
+                if tried.parts is None:
+                    break
+                found, known, found_by = count, tried.parts, tried
+                count -= step
+            return found, known, found_by
+        failed = hint
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
     # bound, and a try can fail just above a count where it works); then one step below the
     # packing, the count most likely to work; then bisection between the last failure and the
@@ -212,10 +237,10 @@ def _search_count(
     # above m (split the partition), so the predicate searched is monotone by construction.
     # A stalled try ends the one-by-one tries (see STALLED_FRACTION); bisection may still
     # come back to their counts.
-    probes = [low + i * step for i in range(LINEAR_TRIES)]
+    probes = [low + i * step for i in range(LINEAR_TRIES)] + [packed - step] if hint is None else []
     stalled = False
-    failures: set[int] = set()  # counts whose try failed
-    for count in probes + [packed - step]:
+    failures: set[int] = {failed} if hint is not None else set()  # counts whose try failed
+    for count in probes:
         if not failed < count < found or (stalled and count != packed - step):
             continue
         tried = _fit_in(size, work, capacity, count, thorough, orders)
