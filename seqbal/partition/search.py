@@ -158,7 +158,9 @@ def _chunked_search(
     # only while they can still need fewer parts than it (the parts they found so far plus
     # the plain bounds of the rest), so where the packing wins most searches are skipped.
     packing = _best_fit_decreasing(size, capacity)
-    at_bound = len(packing) <= packing_lower_bound(size, capacity)  # then nothing needs fewer parts
+    plain = ceildiv(exact_total(size), capacity)
+    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
+    at_bound = len(packing) <= plain or len(packing) <= packing_lower_bound(size, capacity)
     if not at_bound:
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
