@@ -7,6 +7,11 @@ counts one by one from the bound (the answer is usually there), one below the pa
 bisection, then a walk down below the bisection's last failure (the try itself is not
 monotone). Each probe is one feasibility try at O(n log k), so a search is a handful of
 packing passes instead of the older design's tens of full KK repartitions.
+
+The range a search bisects and the repairs of its failing tries both grow with ``n``, so
+from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 131,072 items) the
+search runs on chunks instead, against one packing of the whole input
+(:func:`_chunked_search`; why and what the seams cost: :mod:`seqbal.partition.chunks`).
 """
 
 from __future__ import annotations
@@ -72,9 +77,16 @@ def smallest_feasible_partitions(
     where it can). If the count exceeds the number of items, ``(count, None)`` is returned so
     the caller can report what was needed.
 
+    Past 131,072 items (three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS`, each
+    needing 256 parts or more) the items are planned in chunks (:func:`_chunked_search`):
+    the count is then at most a packing of the whole input and, where every chunk is
+    searched, at most the chunks' own counts side by side (one part per seam above their own
+    gaps), not necessarily the one a single search would find.
+
     Complexity: O(n log n) for the bound and the packings; 2 tries when the first stalls and
     the one below the packing fails, about ``4 + log2((b - k0) / step)`` otherwise, each
-    O(n log k) plus the repair; one balance.
+    O(n log k) plus the repair; one balance. In chunks: O(n log n) for the whole input's
+    packing and the deal, plus that of one search per chunk of at most 65,536 items.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
@@ -150,10 +162,15 @@ def _count_search(
 def _chunked_search(
     size: np.ndarray, work: np.ndarray, capacity: int, chunks: int, min_count: int, step: int
 ) -> tuple[int, Optional[list[list[int]]]]:
-    """The search over :func:`seqbal.partition.chunks.deal_chunks`'s chunks, each its own
-    search at ``min_count = step = 1``, the parts side by side; a count below ``min_count`` or
-    not a multiple of ``step`` is then raised by splitting the heaviest parts
-    (:func:`split_bins_to_count`, never breaks the cap) and rebalancing."""
+    """The count search on :func:`seqbal.partition.chunks.deal_chunks`'s chunks against a
+    packing of the whole input (the better of best-fit decreasing and the reserving fill):
+    the chunks are searched in turn (each its own search at ``min_count = step = 1``, probing
+    first at its bound plus the mean gap of the chunks before it) while they can still need
+    fewer parts than the packing; if all of them were searched and need fewer, each is
+    balanced at its own count and their parts put side by side, else the packing is the
+    answer, balanced chunk by chunk (:func:`seqbal.partition.chunks.balanced_in_chunks`).
+    A count below ``min_count`` or not a multiple of ``step`` is then raised by splitting the
+    heaviest parts (:func:`split_bins_to_count`, never breaks the cap) and rebalancing."""
     # A packing of the whole input has no seams; the chunks are searched one after another
     # only while they can still need fewer parts than it (the parts they found so far plus
     # the plain bounds of the rest), so where the packing wins most searches are skipped.
