@@ -116,8 +116,8 @@ def test_chunks_are_dealt_evenly():
 
 def test_chunk_count_defaults():
     assert chunks.chunk_count(65536, 10**5) == 1  # where issue 29 measures from: one search
-    assert chunks.chunk_count(65537, 10**5) == 1  # two chunks would cost more than one search
-    assert chunks.chunk_count(2 * 65536 + 1, 10**5) == 3
-    assert chunks.chunk_count(10**6, 3 * 10**5) == 16
+    assert chunks.chunk_count(65537, 10**5) == 3
+    assert chunks.chunk_count(40000, 10**5) == 1  # two chunks would cost more than one search
+    assert chunks.chunk_count(10**6, 3 * 10**5) == 31
     assert chunks.chunk_count(10**6, 3000) == 11  # few parts: fewer chunks, each of 256 parts or more
     assert chunks.chunk_count(10**6, 300) == 1

@@ -34,8 +34,11 @@ from .parts import _descending, ceildiv
 #: Largest chunk (trades the count, which a wider search lowers by hundredths of a percent,
 #: against the cost per item, which grows with a search's width): inputs of more items are cut
 #: into ``ceildiv(n, CHUNK_ITEMS)`` chunks of equal size (within one item), from three chunks on. Above the plan
-#: hashes' largest case (16,384) and at the 65,536 where issue 29 measures from, so those are one search.
-CHUNK_ITEMS = 65536
+#: hashes' largest case (16,384); with three chunks at least (:func:`chunk_count`), 65,536 items,
+#: where issue 29 measures from, are still one search. On real_gsm8k at cap 4096, 10^6
+#: samples, chunks of 65,536 needed 45,760 micro-batches, of 32,768 45,756 (one search: 45,756);
+#: on real_qwen_rollouts 117,389 and 117,333 (one search: 117,419).
+CHUNK_ITEMS = 32768
 #: ... and every chunk must need at least this many parts by the plain bound (trades the one
 #: part a seam may cost against the search's width): an input of many items in few parts
 #: (short items under a long cap) is one search, where a chunk's part lost to rounding would

@@ -9,7 +9,7 @@ monotone). Each probe is one feasibility try at O(n log k), so a search is a han
 packing passes instead of the older design's tens of full KK repartitions.
 
 The range a search bisects and the repairs of its failing tries both grow with ``n``, so
-from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 131,072 items) the
+from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 65,536 items) the
 search runs on chunks instead, against one packing of the whole input
 (:func:`_chunked_search`; why and what the seams cost: :mod:`seqbal.partition.chunks`).
 """
@@ -77,7 +77,7 @@ def smallest_feasible_partitions(
     where it can). If the count exceeds the number of items, ``(count, None)`` is returned so
     the caller can report what was needed.
 
-    Past 131,072 items (three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS`, each
+    Past 65,536 items (three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS`, each
     needing 256 parts or more) the items are planned in chunks (:func:`_chunked_search`):
     the count is then at most a packing of the whole input and, where every chunk is
     searched, at most the chunks' own counts side by side (one part per seam above their own
@@ -86,7 +86,7 @@ def smallest_feasible_partitions(
     Complexity: O(n log n) for the bound and the packings; 2 tries when the first stalls and
     the one below the packing fails, about ``4 + log2((b - k0) / step)`` otherwise, each
     O(n log k) plus the repair; one balance. In chunks: O(n log n) for the whole input's
-    packing and the deal, plus that of one search per chunk of at most 65,536 items.
+    packing and the deal, plus that of one search per chunk of at most 32,768 items.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
