@@ -239,15 +239,8 @@ def _search_count(
     if hint is not None and low <= hint < packed:
         tried = _fit_in(size, work, capacity, hint, thorough, orders)
         if tried.parts is not None:
-            found, known, found_by = hint, tried.parts, tried
-            count = hint - step
-            while count >= low:
-                tried = _fit_in(size, work, capacity, count, thorough, orders)
-                if tried.parts is None:
-                    break
-                found, known, found_by = count, tried.parts, tried
-                count -= step
-            return found, known, found_by
+            return _walk_down(size, work, capacity, hint - step, low, step, set(), thorough, orders,
+                              (hint, tried.parts, tried))
         failed = hint
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
     # bound, and a try can fail just above a count where it works); then one step below the
@@ -282,11 +275,21 @@ def _search_count(
         # The try is not monotone: it can work below a count where it failed (on rng(91) it
         # works at 89 and 90 and fails at 91, where bisection stops). So the counts below the
         # last failure are tried downwards, until one fails or was seen to fail.
-        count = found - 2 * step
-        while count >= low and count not in failures:
-            tried = _fit_in(size, work, capacity, count, thorough, orders)
-            if tried.parts is None:
-                break
-            found, known, found_by = count, tried.parts, tried
-            count -= step
+        found, known, found_by = _walk_down(size, work, capacity, found - 2 * step, low, step, failures, thorough,
+                                            orders, (found, known, found_by))
     return found, known, found_by
+
+
+def _walk_down(
+    size: np.ndarray, work: np.ndarray, capacity: int, count: int, low: int, step: int, failures: set[int],
+    thorough: bool, orders: tuple[list[int], list[int]], best: tuple[int, list[list[int]], Optional[_Try]],
+) -> tuple[int, list[list[int]], Optional[_Try]]:
+    """``best`` (count, partition, try), lowered by trying ``count`` and the counts below it,
+    ``step`` apart and not below ``low``, until a try fails or reaches a count in ``failures``."""
+    while count >= low and count not in failures:
+        tried = _fit_in(size, work, capacity, count, thorough, orders)
+        if tried.parts is None:
+            break
+        best = (count, tried.parts, tried)
+        count -= step
+    return best
