@@ -79,7 +79,7 @@ def test_planning_cost_harness_runs_and_compares(tmp_path, capsys):
 def test_scale_and_driver_harnesses_run():
     from benchmarks import driver_and_gather, scale
 
-    row = scale.one(3000, 4096)
+    row = scale.one("near_third", 3000, 4096, 10**6)
     assert row["bound"] <= row["count"] and row["peak_mb"] >= 0
     lines = driver_and_gather.schedule_ratios(1, caps=(16384,), n=512, dp=4)
     families = [f for f in driver_and_gather.SCHEDULE_FAMILIES if f in workloads.families()]

@@ -73,22 +73,60 @@ def best_fit_decreasing_partitions(lengths: IntSequence, capacity: int) -> list[
 
 
 def _best_fit_decreasing(sizes: np.ndarray, capacity: int) -> list[list[int]]:
-    """:func:`best_fit_decreasing_partitions` on a checked int64 array and capacity."""
-    order = np.lexsort((np.arange(len(sizes)), -sizes)).tolist()
+    """:func:`best_fit_decreasing_partitions` on a checked int64 array and capacity.
+
+    The open bins' free rooms are kept as sorted ``room * bins + bin`` keys (room first, lowest
+    bin among equal rooms, as the ``(room, bin)`` pairs they encode) in blocks of at most
+    ``2 * _BFD_BLOCK``, with each block's last key in a list of maxima: a lookup is two binary
+    searches and an update shifts one block, not every open bin (one flat sorted list cost a
+    memmove of all open bins per item, quadratic from a few hundred thousand bins on).
+    """
+    n = len(sizes)
+    order = np.lexsort((np.arange(n), -sizes)).tolist()
     size_list = sizes.tolist()
-    rooms: list[tuple[int, int]] = []  # sorted (free room, bin index)
+    scale = max(n, 1)  # a key room * scale + bin orders like the pair (room, bin): bin < n
+    blocks: list[list[int]] = []  # sorted keys, block after block
+    maxes: list[int] = []  # each block's largest key
     bins: list[list[int]] = []
+    bisect_left, insort = bisect.bisect_left, bisect.insort
     for item in order:
         size = size_list[item]
-        position = bisect.bisect_left(rooms, (size, -1))
-        if position < len(rooms):
-            room, target = rooms.pop(position)
+        probe = size * scale  # the smallest key of room >= size
+        i = bisect_left(maxes, probe)
+        if i < len(maxes):
+            block = blocks[i]
+            j = bisect_left(block, probe)
+            key = block.pop(j)
+            target = key % scale
             bins[target].append(item)
-            bisect.insort(rooms, (room - size, target))
+            if not block:
+                del blocks[i], maxes[i]
+            elif j == len(block):
+                maxes[i] = block[-1]
+            new_key = key - probe  # room - size, same bin
         else:
+            target = len(bins)
             bins.append([item])
-            bisect.insort(rooms, (capacity - size, len(bins) - 1))
+            new_key = (capacity - size) * scale + target
+        # Insert the bin's new room.
+        i = bisect_left(maxes, new_key)
+        if i == len(maxes):
+            if not blocks or len(blocks[-1]) >= _BFD_BLOCK:
+                blocks.append([new_key])
+                maxes.append(new_key)
+                continue
+            i -= 1
+        block = blocks[i]
+        insort(block, new_key)
+        maxes[i] = block[-1]
+        if len(block) > 2 * _BFD_BLOCK:
+            blocks[i:i + 1] = [block[:_BFD_BLOCK], block[_BFD_BLOCK:]]
+            maxes[i:i + 1] = [block[_BFD_BLOCK - 1], block[-1]]
     return [sorted(b) for b in bins]
+
+
+#: Keys per block of :func:`_best_fit_decreasing`'s sorted rooms (half the largest block).
+_BFD_BLOCK = 512
 
 
 def _reserving_fill_partitions(sizes: np.ndarray, capacity: int) -> list[list[int]]:

@@ -7,6 +7,11 @@ counts one by one from the bound (the answer is usually there), one below the pa
 bisection, then a walk down below the bisection's last failure (the try itself is not
 monotone). Each probe is one feasibility try at O(n log k), so a search is a handful of
 packing passes instead of the older design's tens of full KK repartitions.
+
+The range a search bisects and the repairs of its failing tries both grow with ``n``, so
+from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 65,536 items) the
+search runs on chunks instead, against one packing of the whole input
+(:func:`_chunked_search`; why and what the seams cost: :mod:`seqbal.partition.chunks`).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import numpy as np
 from ..validation import IntSequence, as_int_array, check_count, check_items_fit, exact_total
 from .balance import SMALL_COUNT, _balance_at
 from .bounds import packing_lower_bound
+from .chunks import balanced_in_chunks, chunk_count, deal_chunks, in_chunk
 from .feasibility import _fit_in, _Try
-from .packing import _best_fit_decreasing, _reserving_fill_partitions
+from .local_search import rebalance_within_capacity
+from .packing import _best_fit_decreasing, _reserving_fill_partitions, split_bins_to_count
 from .parts import _descending, ceildiv, roundup_divisible
 
 # Tuning: which counts the search probes, and how hard each probe tries.
@@ -32,6 +39,13 @@ THOROUGH_ITEMS = 256
 #: probes for the common answer a count or two above the bound), unless a try stalls
 #: (:data:`seqbal.partition.feasibility.STALLED_FRACTION`).
 LINEAR_TRIES = 3
+#: A chunked search (:mod:`seqbal.partition.chunks`) stops after this many chunks where the
+#: rest, each as far above its plain bound as the chunks so far were on average, would need
+#: as many parts as a packing of the whole input (trades a count the last chunks might still
+#: win by a part or two against their searches: on lognormal lengths at cap 4096, 10^6
+#: samples, the chunks' sum came to 12 parts above the packing after all 16 searches, half the
+#: plan's time).
+PROBE_CHUNKS = 2
 
 
 def smallest_feasible_partitions(
@@ -63,9 +77,16 @@ def smallest_feasible_partitions(
     where it can). If the count exceeds the number of items, ``(count, None)`` is returned so
     the caller can report what was needed.
 
+    Past 65,536 items (three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS`, each
+    needing 256 parts or more) the items are planned in chunks (:func:`_chunked_search`):
+    the count is then at most a packing of the whole input and, where every chunk is
+    searched, at most the chunks' own counts side by side (one part per seam above their own
+    gaps), not necessarily the one a single search would find.
+
     Complexity: O(n log n) for the bound and the packings; 2 tries when the first stalls and
     the one below the packing fails, about ``4 + log2((b - k0) / step)`` otherwise, each
-    O(n log k) plus the repair; one balance.
+    O(n log k) plus the repair; one balance. In chunks: O(n log n) for the whole input's
+    packing and the deal, plus that of one search per chunk of at most 32,768 items.
 
     >>> smallest_feasible_partitions([7] * 8, [7] * 8, 8)[0]
     8
@@ -79,6 +100,38 @@ def smallest_feasible_partitions(
     min_count = check_count(min_count, "min_count")
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
+    chunks = chunk_count(len(size), ceildiv(exact_total(size), capacity))
+    if chunks > 1:
+        return _chunked_search(size, work, capacity, chunks, min_count, step)
+    return _one_search(size, work, capacity, min_count, step)
+
+
+def _one_search(
+    size: np.ndarray, work: np.ndarray, capacity: int, min_count: int, step: int
+) -> tuple[int, Optional[list[list[int]]]]:
+    """:func:`smallest_feasible_partitions` as one search over all the items (checked arrays)."""
+    count, known, found_by = _count_search(size, work, capacity, min_count, step)
+    return count, _balanced(size, work, capacity, count, known, found_by)
+
+
+def _balanced(
+    size: np.ndarray, work: np.ndarray, capacity: int, count: int, known: Optional[list[list[int]]],
+    found_by: Optional[_Try],
+) -> Optional[list[list[int]]]:
+    """The balance at the count a :func:`_count_search` found (one part is as it is)."""
+    if known is None or count == 1:
+        return known
+    return _balance_at(size, work, capacity, count, known, found_by)
+
+
+def _count_search(
+    size: np.ndarray, work: np.ndarray, capacity: int, min_count: int, step: int, hint_gap: Optional[int] = None
+) -> tuple[int, Optional[list[list[int]]], Optional[_Try]]:
+    """The count of :func:`smallest_feasible_partitions`, before any balance: ``(count, a
+    partition into at most count parts or None where count exceeds the items, the try that
+    found it at that count or None)``; a count of 1 comes with its one part, final.
+    ``hint_gap``: the search probes ``ceildiv(total, capacity) + hint_gap`` first (see
+    :func:`_search_count`)."""
     n = len(size)
 
     def allowed(count: int) -> int:  # the least count >= count, >= min_count and a multiple of step
@@ -88,21 +141,74 @@ def smallest_feasible_partitions(
     # bound (as costly as a packing pass) cannot say more, since it lies between the two.
     k0 = allowed(ceildiv(exact_total(size), capacity))
     if k0 == 1 and n:  # everything fits in one part: the only partition into one part
-        return 1, [list(range(n))]
+        return 1, [list(range(n))], None
     packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
     packed = allowed(len(packing))
     if packed > k0:
         k0 = allowed(packing_lower_bound(size, capacity))
     if k0 > n:
-        return k0, None
+        return k0, None, None
     if packed > k0:  # a search would run: another packing may land lower
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing, packed = filled, allowed(len(filled))
-    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing)
+    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
+    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint)
     if count > n:
-        return count, None
-    return count, _balance_at(size, work, capacity, count, known, found_by)
+        return count, None, None
+    return count, known, found_by
+
+
+def _chunked_search(
+    size: np.ndarray, work: np.ndarray, capacity: int, chunks: int, min_count: int, step: int
+) -> tuple[int, Optional[list[list[int]]]]:
+    """The count search on :func:`seqbal.partition.chunks.deal_chunks`'s chunks against a
+    packing of the whole input (the better of best-fit decreasing and the reserving fill):
+    the chunks are searched in turn (each its own search at ``min_count = step = 1``, probing
+    first at its bound plus the mean gap of the chunks before it) while they can still need
+    fewer parts than the packing; if all of them were searched and need fewer, each is
+    balanced at its own count and their parts put side by side, else the packing is the
+    answer, balanced chunk by chunk (:func:`seqbal.partition.chunks.balanced_in_chunks`).
+    A count below ``min_count`` or not a multiple of ``step`` is then raised by splitting the
+    heaviest parts (:func:`split_bins_to_count`, never breaks the cap) and rebalancing."""
+    # A packing of the whole input has no seams; the chunks are searched one after another
+    # only while they can still need fewer parts than it (the parts they found so far plus
+    # the plain bounds of the rest), so where the packing wins most searches are skipped.
+    packing = _best_fit_decreasing(size, capacity)
+    plain = ceildiv(exact_total(size), capacity)
+    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
+    at_bound = len(packing) <= plain or len(packing) <= packing_lower_bound(size, capacity)
+    if not at_bound:
+        filled = _reserving_fill_partitions(size, capacity)
+        if len(filled) < len(packing):
+            packing = filled
+    dealt = deal_chunks(size, chunks)
+    rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
+    found: list[tuple[int, Optional[list[list[int]]], Optional[_Try]]] = []
+    needed = 0  # parts the chunks searched so far need
+    for c, members in enumerate(dealt if not at_bound else []):
+        if needed + sum(rest[c:]) >= len(packing):
+            break
+        if c >= PROBE_CHUNKS and needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c >= len(packing):
+            break  # the chunks so far, each as far above its bound as they were, cannot win
+        # Past the first chunk, each probes first where the ones before it landed.
+        hint_gap = None if not c else round((needed - sum(rest[:c])) / c)
+        found.append(_count_search(size[members], work[members], capacity, 1, 1, hint_gap))
+        needed += found[-1][0]
+    if len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
+        count = len(packing)
+        parts = balanced_in_chunks(
+            size, work, packing, chunks, lambda t, w, k, known: _balance_at(t, w, capacity, k, known))
+    else:  # each chunk's partition balanced at its own count
+        count, parts = needed, []
+        for members, (k, known, found_by) in zip(dealt, found):
+            parts.extend(in_chunk(members, _balanced(size[members], work[members], capacity, k, known, found_by)))
+    target = roundup_divisible(max(min_count, count), step)
+    if target > len(size):
+        return target, None
+    if target > count:
+        parts = rebalance_within_capacity(split_bins_to_count(parts, size, target, weights=work), size, work, capacity)
+    return target, parts
 
 
 def _search_count(
@@ -113,16 +219,29 @@ def _search_count(
     packed: int,
     step: int,
     packing: list[list[int]],
+    hint: Optional[int] = None,
 ) -> tuple[int, list[list[int]], Optional[_Try]]:
     """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
     with that partition (at most that many parts) and the try that made it at that count
-    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`."""
+    (``None`` when it is the packing). See :func:`smallest_feasible_partitions`.
+
+    ``hint`` (the chunks of a chunked search: where the chunks before this one landed, as far
+    above their bounds): probed first instead of the one-by-one counts and the one below the
+    packing; where it works, the counts below it are tried downwards until one fails (two
+    tries where the hint is right, against six to ten); where it fails, bisection goes on
+    above it as usual."""
     if low >= packed:
         return low, packing, None
     # Decided once, so every count of this search gets the same try: small inputs get every start.
     thorough = packed <= SMALL_COUNT and len(size) <= THOROUGH_ITEMS
     orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
+    if hint is not None and low <= hint < packed:
+        tried = _fit_in(size, work, capacity, hint, thorough, orders)
+        if tried.parts is not None:
+            return _walk_down(size, work, capacity, hint - step, low, step, set(), thorough, orders,
+                              (hint, tried.parts, tried))
+        failed = hint
     # The first LINEAR_TRIES counts one by one (the answer is usually within a few of the
     # bound, and a try can fail just above a count where it works); then one step below the
     # packing, the count most likely to work; then bisection between the last failure and the
@@ -130,10 +249,10 @@ def _search_count(
     # above m (split the partition), so the predicate searched is monotone by construction.
     # A stalled try ends the one-by-one tries (see STALLED_FRACTION); bisection may still
     # come back to their counts.
-    probes = [low + i * step for i in range(LINEAR_TRIES)]
+    probes = [low + i * step for i in range(LINEAR_TRIES)] + [packed - step] if hint is None else []
     stalled = False
-    failures: set[int] = set()  # counts whose try failed
-    for count in probes + [packed - step]:
+    failures: set[int] = {failed} if hint is not None else set()  # counts whose try failed
+    for count in probes:
         if not failed < count < found or (stalled and count != packed - step):
             continue
         tried = _fit_in(size, work, capacity, count, thorough, orders)
@@ -156,11 +275,21 @@ def _search_count(
         # The try is not monotone: it can work below a count where it failed (on rng(91) it
         # works at 89 and 90 and fails at 91, where bisection stops). So the counts below the
         # last failure are tried downwards, until one fails or was seen to fail.
-        count = found - 2 * step
-        while count >= low and count not in failures:
-            tried = _fit_in(size, work, capacity, count, thorough, orders)
-            if tried.parts is None:
-                break
-            found, known, found_by = count, tried.parts, tried
-            count -= step
+        found, known, found_by = _walk_down(size, work, capacity, found - 2 * step, low, step, failures, thorough,
+                                            orders, (found, known, found_by))
     return found, known, found_by
+
+
+def _walk_down(
+    size: np.ndarray, work: np.ndarray, capacity: int, count: int, low: int, step: int, failures: set[int],
+    thorough: bool, orders: tuple[list[int], list[int]], best: tuple[int, list[list[int]], Optional[_Try]],
+) -> tuple[int, list[list[int]], Optional[_Try]]:
+    """``best`` (count, partition, try), lowered by trying ``count`` and the counts below it,
+    ``step`` apart and not below ``low``, until a try fails or reaches a count in ``failures``."""
+    while count >= low and count not in failures:
+        tried = _fit_in(size, work, capacity, count, thorough, orders)
+        if tried.parts is None:
+            break
+        best = (count, tried.parts, tried)
+        count -= step
+    return best

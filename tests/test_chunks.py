@@ -1,0 +1,123 @@
+"""Dataset-scale planning in chunks (issue 29, point 1): the seams' bound, every SPEC guarantee.
+
+The chunk size is lowered here (monkeypatched) so that inputs of a few hundred items are
+planned in chunks; what is checked does not depend on the size: the count is at most the
+sum of the chunks' own counts and at most a packing of the whole input, its gap above the
+plain bound is at most the chunks' own gaps plus one part per seam, and the plan keeps the
+cap, every index once, forced groups, the minimum and the divisor, deterministically.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import seqbal.partition.chunks as chunks
+import seqbal.partition.search as search
+from seqbal import plan_micro_batches
+from seqbal.partition import best_fit_decreasing_partitions, smallest_feasible_partitions
+from seqbal.partition.packing import _reserving_fill_partitions
+from seqbal.partition.parts import ceildiv
+from seqbal.workload import calculate_workload
+from tests.invariants import assert_plan_invariants
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):  # the same patch for every example: fine to share
+    monkeypatch.setattr(chunks, "CHUNK_ITEMS", 48)
+    monkeypatch.setattr(chunks, "MIN_PARTS_PER_CHUNK", 4)
+
+
+@pytest.fixture
+def every_chunk_searched(monkeypatch):
+    """No early stop on the chunks' trend (search.PROBE_CHUNKS): each chunk is searched until
+    the plain bounds alone say the packing wins."""
+    monkeypatch.setattr(search, "PROBE_CHUNKS", 10**9)
+
+
+def _own_counts(tokens: np.ndarray, cap: int, m: int) -> list[tuple[int, int]]:
+    """(count, plain bound) of each chunk searched alone, as the chunked search deals them."""
+    out = []
+    for members in chunks.deal_chunks(tokens, m):
+        count, _ = smallest_feasible_partitions(tokens[members], calculate_workload(tokens[members]), cap)
+        out.append((count, ceildiv(int(tokens[members].sum()), cap)))
+    return out
+
+
+lengths_strategy = st.tuples(
+    st.integers(100, 400),  # items
+    st.sampled_from([256, 1000, 4096]),  # cap
+    st.integers(0, 2**31 - 1),  # seed
+    st.sampled_from(["uniform", "small", "third"]),
+)
+
+
+def _lengths(n: int, cap: int, seed: int, shape: str) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if shape == "uniform":
+        return rng.integers(1, cap + 1, n).astype(np.int64)
+    if shape == "small":
+        return rng.integers(1, cap // 4 + 1, n).astype(np.int64)
+    return rng.integers(cap * 1160 // 4096, cap * 1570 // 4096 + 1, n).astype(np.int64)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths_strategy)
+def test_seams_cost_at_most_one_part_each(small_chunks, every_chunk_searched, case):
+    n, cap, seed, shape = case
+    tokens = _lengths(n, cap, seed, shape)
+    work = calculate_workload(tokens)
+    m = chunks.chunk_count(n, ceildiv(int(tokens.sum()), cap))
+    count, parts = smallest_feasible_partitions(tokens, work, cap)
+    assert len(parts) == count
+    assert sorted(i for p in parts for i in p) == list(range(n)) and all(parts)
+    assert all(int(tokens[p].sum()) <= cap for p in parts)
+    if m == 1:
+        return
+    own = _own_counts(tokens, cap, m)
+    assert count <= sum(c for c, _ in own)  # never worse than the chunks side by side
+    packing = min(len(best_fit_decreasing_partitions(tokens, cap)), len(_reserving_fill_partitions(tokens, cap)))
+    assert count <= packing  # nor than a packing of the whole input, which has no seam
+    # The gap above the plain bound: the chunks' own gaps plus one part per seam.
+    plain = ceildiv(int(tokens.sum()), cap)
+    assert count - plain <= sum(c - b for c, b in own) + (m - 1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths_strategy, st.sampled_from([1, 2, 4]), st.sampled_from([None, 2, 3]), st.sampled_from([None, 50, 120]))
+def test_chunked_plans_keep_every_guarantee(small_chunks, case, group, divisor, minimum):
+    n, cap, seed, shape = case
+    n -= n % group
+    lengths = _lengths(n, cap // group, seed, shape)  # a forced group fits under the cap
+    kwargs = dict(force_group_size=group, num_batches_divided_by=divisor, min_num_micro_batch=minimum)
+    try:
+        parts = plan_micro_batches(lengths, cap, **kwargs)
+    except ValueError as error:  # only when the minimum or divisor asks for more parts than groups
+        assert "Cannot satisfy" in str(error)
+        return
+    assert_plan_invariants(lengths, parts, cap, **kwargs)
+    assert plan_micro_batches(lengths, cap, **kwargs) == parts  # deterministic
+    if group == 1 and divisor is None and minimum is None:  # with the trend's early stop too
+        packing = min(len(best_fit_decreasing_partitions(lengths, cap)), len(_reserving_fill_partitions(lengths, cap)))
+        assert len(parts) <= packing
+
+
+def test_chunks_are_dealt_evenly():
+    tokens = np.random.default_rng(5).integers(1, 4096, 1001)
+    dealt = chunks.deal_chunks(tokens, 7)
+    assert sorted(np.concatenate(dealt).tolist()) == list(range(1001))
+    assert {len(d) for d in dealt} <= {143}
+    assert all((np.diff(d) > 0).all() for d in dealt)
+    totals = [int(tokens[d].sum()) for d in dealt]
+    assert max(totals) - min(totals) <= int(tokens.max())  # a snake deal: within one item
+
+
+def test_chunk_count_defaults():
+    assert chunks.chunk_count(65536, 10**5) == 1  # where issue 29 measures from: one search
+    assert chunks.chunk_count(65537, 10**5) == 3
+    assert chunks.chunk_count(40000, 10**5) == 1  # two chunks would cost more than one search
+    assert chunks.chunk_count(10**6, 3 * 10**5) == 31
+    assert chunks.chunk_count(10**6, 3000) == 11  # few parts: fewer chunks, each of 256 parts or more
+    assert chunks.chunk_count(10**6, 300) == 1
