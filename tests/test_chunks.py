@@ -121,3 +121,19 @@ def test_chunk_count_defaults():
     assert chunks.chunk_count(10**6, 3 * 10**5) == 31
     assert chunks.chunk_count(10**6, 3000) == 11  # few parts: fewer chunks, each of 256 parts or more
     assert chunks.chunk_count(10**6, 300) == 1
+
+
+@pytest.mark.parametrize("n", [30, 400])  # one search; chunks (with the patch: 400 items > 3 x 48)
+def test_progress_reports_every_item_once(small_chunks, n):
+    """The count search reports its finished items to a watcher (seqbal plan's progress bar):
+    every item exactly once in all, in several steps where it plans in chunks, none outside."""
+    from seqbal.partition.progress import watching
+
+    tokens = _lengths(n, 1000, 5, "third")
+    seen: list[int] = []
+    with watching(seen.append):
+        smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
+    assert sum(seen) == n
+    assert (len(seen) > 2) == (n == 400), seen
+    smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
+    assert sum(seen) == n  # nobody watches the second call

@@ -891,3 +891,24 @@ def test_guide_shows_the_comparison_as_it_runs():
     result = call("plan", "--dp", "2")
     assert result.returncode == 0, result.stderr
     assert duration.sub("<time>", result.stdout.rstrip("\n")) == duration.sub("<time>", match.group(1).rstrip("\n"))
+
+
+def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
+    """On a terminal the planning phase draws a bar from the count search's reports, up to 100%,
+    and erases it at the end; a pipe (every other test here) gets none of it."""
+    import seqbal.cli.command as command
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    progress = command.Progress
+    monkeypatch.setattr(command, "Progress", lambda: progress(terminal))  # call() redirects sys.stderr
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(str(100 + (i * 37) % 900) for i in range(400)) + "\n")
+    result = call("plan", str(path), "--dp", "2", "--compare", "off")
+    assert result.returncode == 0, result.stderr
+    drawn = terminal.getvalue()
+    assert "seqbal: planning 400 samples with seqbal [" in drawn and "] 100%" in drawn, drawn
+    assert drawn.endswith("\r\033[K") and result.stderr == ""

@@ -28,6 +28,7 @@ from .feasibility import _fit_in, _Try
 from .local_search import rebalance_within_capacity
 from .packing import _best_fit_decreasing, _reserving_fill_partitions, split_bins_to_count
 from .parts import _descending, ceildiv, roundup_divisible
+from .progress import advance
 
 # Tuning: which counts the search probes, and how hard each probe tries.
 
@@ -103,7 +104,9 @@ def smallest_feasible_partitions(
     chunks = chunk_count(len(size), ceildiv(exact_total(size), capacity))
     if chunks > 1:
         return _chunked_search(size, work, capacity, chunks, min_count, step)
-    return _one_search(size, work, capacity, min_count, step)
+    found = _one_search(size, work, capacity, min_count, step)
+    advance(len(size))
+    return found
 
 
 def _one_search(
@@ -183,6 +186,7 @@ def _chunked_search(
         if len(filled) < len(packing):
             packing = filled
     dealt = deal_chunks(size, chunks)
+    reported = [0]  # items reported to a progress watcher (seqbal.partition.progress)
     rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
     found: list[tuple[int, Optional[list[list[int]]], Optional[_Try]]] = []
     needed = 0  # parts the chunks searched so far need
@@ -195,14 +199,28 @@ def _chunked_search(
         hint_gap = None if not c else round((needed - sum(rest[:c])) / c)
         found.append(_count_search(size[members], work[members], capacity, 1, 1, hint_gap))
         needed += found[-1][0]
+        reported[0] += len(members) // 2  # progress: half a chunk's items for its search, half for its balance
+        advance(len(members) // 2)
+    skipped = sum(len(members) // 2 for members in dealt[len(found):])
+    reported[0] += skipped
+    advance(skipped)
+
+    def balanced(tokens: np.ndarray, workloads: np.ndarray, k: int, known) -> list[list[int]]:
+        chunk_parts = _balance_at(tokens, workloads, capacity, k, known)
+        reported[0] += len(tokens) // 2
+        advance(len(tokens) // 2)
+        return chunk_parts
+
     if len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
         count = len(packing)
-        parts = balanced_in_chunks(
-            size, work, packing, chunks, lambda t, w, k, known: _balance_at(t, w, capacity, k, known))
+        parts = balanced_in_chunks(size, work, packing, chunks, balanced)
     else:  # each chunk's partition balanced at its own count
         count, parts = needed, []
         for members, (k, known, found_by) in zip(dealt, found):
             parts.extend(in_chunk(members, _balanced(size[members], work[members], capacity, k, known, found_by)))
+            reported[0] += len(members) // 2
+            advance(len(members) // 2)
+    advance(len(size) - reported[0])  # the halves' rounding: every item reported once in all
     target = roundup_divisible(max(min_count, count), step)
     if target > len(size):
         return target, None
