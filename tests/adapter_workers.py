@@ -12,25 +12,14 @@ scenarios, so that a scenario that leaves one rank behind fails alone.
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
 from types import SimpleNamespace as NS
 from typing import Any, Optional
 
-from .distributed_workers import (
-    INIT_TIMEOUT_S,
-    RESYNC_TIMEOUT_S,
-    SCENARIO_TIMEOUT_S,
-    FakeDataProto,
-    _make_batch,
-    _scenario_group,
-    rank_lengths,
-)
+from .distributed_workers import SCENARIO_TIMEOUT_S, FakeDataProto, _make_batch, _scenario_group, meet_again, rank_lengths, serve_scenarios
 
 CAP = 4096
 STEP = 8  # OpenRLHF samples per rank per training step
@@ -163,33 +152,12 @@ def _run_one(scenario: AdapterScenario, rank: int, world: int, group: Any) -> di
 
 
 def worker_main(rank: int, world: int, store_port: int, out_dir: str) -> None:
-    """One spawned rank: join the store, run every scenario on a fresh gloo group, log each."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
+    """One spawned rank: every scenario on a fresh gloo group, one record each."""
 
-    torch.set_num_threads(1)
-    import torch.distributed as dist
+    def run(store: Any, write: Any) -> None:
+        for scenario in build_scenarios(world):
+            group = _scenario_group("world", world, "gloo", SCENARIO_TIMEOUT_S)
+            write(_run_one(scenario, rank, world, group))
+            meet_again(store, f"seqbal-adapters/{scenario.name}", rank, world)
 
-    with open(os.path.join(out_dir, f"rank{rank}.jsonl"), "w", encoding="utf-8") as log:
-
-        def write(record: dict[str, Any]) -> None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-
-        try:
-            store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=INIT_TIMEOUT_S))
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=INIT_TIMEOUT_S))
-            import seqbal.rearrange  # noqa: F401 - loaded outside the timed calls
-
-            for scenario in build_scenarios(world):
-                group = _scenario_group("world", world, "gloo", SCENARIO_TIMEOUT_S)
-                write(_run_one(scenario, rank, world, group))
-                keys = [f"seqbal-adapters/{scenario.name}/{r}" for r in range(world)]
-                store.set(keys[rank], "done")
-                store.wait(keys, timedelta(seconds=RESYNC_TIMEOUT_S))
-            write({"name": "__done__", "rank": rank})
-        except Exception:  # noqa: BLE001 - the parent reports it
-            write({"name": "__crash__", "rank": rank, "traceback": traceback.format_exc()})
-            raise
-    os._exit(0)
+    serve_scenarios(rank, world, "gloo", store_port, out_dir, run)
