@@ -174,8 +174,12 @@ def ray_run(tmp_path_factory):
         from tests.test_openrlhf_ray import driver
         driver({str(out)!r}, {str(stand_ins)!r})
     """)
+    # The driver imports the seqbal this process imported (not whatever its working directory
+    # holds: `python -c` puts that first on sys.path, so it runs in an empty one).
+    seqbal_root = str(Path(seqbal.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([seqbal_root, str(REPO)]))
     process = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=str(REPO), start_new_session=True,
+        [sys.executable, "-c", code], cwd=str(work), env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -191,7 +195,7 @@ def ray_run(tmp_path_factory):
 def test_the_documented_hook_installs_this_seqbal_in_every_worker(ray_run):
     assert not seqbal.integrations.openrlhf.is_installed()  # not by the test process, nor the driver
     for record in ray_run["records"]:
-        assert record["seqbal_file"] == ray_run["driver_seqbal"] == seqbal.__file__
+        assert Path(record["seqbal_file"]).resolve() == Path(ray_run["driver_seqbal"]).resolve() == Path(seqbal.__file__).resolve()
         assert record["installed_by_hook"] and record["method_is_seqbals"], record
 
 
