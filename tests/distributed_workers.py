@@ -548,9 +548,19 @@ def _run_one(scenario: Scenario, rank: int, group: Any, counter: _CollectiveCoun
     return record
 
 
-def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: str) -> None:
-    """Entry point of one spawned rank: join the store, run every scenario, log each result."""
-    entered = time.time()
+def meet_again(store: Any, tag: str, rank: int, world: int) -> None:
+    """Meet the other ranks outside of torch.distributed after a scenario, so that one that
+    leaves them out of step (one raised early, its peers timed out) fails alone instead of
+    breaking every scenario after it."""
+    keys = [f"{tag}/{r}" for r in range(world)]
+    store.set(keys[rank], "done")
+    store.wait(keys, timedelta(seconds=RESYNC_TIMEOUT_S))
+
+
+def serve_scenarios(rank: int, world: int, backend: str, store_port: int, out_dir: str, run: Any) -> None:
+    """The life of one spawned rank: join the store and the default group, open the rank's log,
+    call ``run(store, write)`` (which runs the scenarios, writing one record each), then record
+    ``__done__`` (or ``__crash__`` with the traceback) and exit."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -581,20 +591,7 @@ def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: s
             # and reads as a rank waiting on its peers.
             import seqbal.rearrange  # noqa: F401
 
-            counter = _CollectiveCounter()
-            write({"name": "__ready__", "rank": rank, "startup_s": time.time() - entered})
-            for scenario in build_scenarios(world):
-                if scenario.hook == "hang" and backend != "gloo":
-                    continue  # NCCL's watchdog aborts the process instead; gloo proves the harness
-                timeout = HANG_TIMEOUT_S if scenario.hook == "hang" else SCENARIO_TIMEOUT_S
-                group = _scenario_group(scenario.group, world, backend, timeout)
-                write(_run_one(scenario, rank, group, counter))
-                # Meet again outside of torch.distributed, so that a scenario that leaves the
-                # ranks out of step (one raised early, its peers timed out) fails alone instead
-                # of breaking every scenario after it.
-                keys = [f"seqbal-test/{scenario.name}/{r}" for r in range(world)]
-                store.set(keys[rank], "done")
-                store.wait(keys, timedelta(seconds=RESYNC_TIMEOUT_S))
+            run(store, write)
             write({"name": "__done__", "rank": rank})
         except Exception:  # noqa: BLE001 - the parent reports it
             write({"name": "__crash__", "rank": rank, "traceback": traceback.format_exc()})
@@ -602,6 +599,24 @@ def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: s
     # no destroy_process_group: after the hang self-test a peer may still hold a dead group, and
     # tearing it down could block; the process exits and the OS closes the sockets.
     os._exit(0)
+
+
+def worker_main(rank: int, world: int, backend: str, store_port: int, out_dir: str) -> None:
+    """Entry point of one spawned rank: join the store, run every scenario, log each result."""
+    entered = time.time()
+
+    def run(store: Any, write: Any) -> None:
+        counter = _CollectiveCounter()
+        write({"name": "__ready__", "rank": rank, "startup_s": time.time() - entered})
+        for scenario in build_scenarios(world):
+            if scenario.hook == "hang" and backend != "gloo":
+                continue  # NCCL's watchdog aborts the process instead; gloo proves the harness
+            timeout = HANG_TIMEOUT_S if scenario.hook == "hang" else SCENARIO_TIMEOUT_S
+            group = _scenario_group(scenario.group, world, backend, timeout)
+            write(_run_one(scenario, rank, group, counter))
+            meet_again(store, f"seqbal-test/{scenario.name}", rank, world)
+
+    serve_scenarios(rank, world, backend, store_port, out_dir, run)
 
 
 def sleep_forever(rank: int) -> None:

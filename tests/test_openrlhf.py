@@ -250,3 +250,35 @@ def test_seqbal_training_step_over_cap_on_one_rank_raises_on_both(training_recor
     errors = [r["seqbal/rank0_sample_over_cap"].get("error", "") for r in training_records]
     assert "exceeds max_token_len" in errors[0] and "OpenRLHF training step 0" in errors[0], errors
     assert "rank 0 of the data-parallel group failed" in errors[1], errors
+
+
+# ---------------------------------------------------------------------------------------------
+# plan_rollout_split's arguments (issue 30.6; no OpenRLHF needed)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("actors", [np.int64(2), np.uint8(2), np.int32(2), 2])
+def test_rollout_split_takes_numpy_integer_actor_counts(actors):
+    assert seqbal_openrlhf.plan_rollout_split([3000, 3000, 1000, 1000], CAP, actors) == [[0, 3], [1, 2]]
+    assert seqbal_openrlhf.plan_rollout_split(np.array([3000, 3000, 1000, 1000]), np.int64(CAP), actors) == [[0, 3], [1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "actors", "named"),
+    [
+        ([5, None, 7], 2, "lengths must hold integers"),
+        (["5", "7"], 2, "lengths must hold integers"),
+        ([5, 2.5], 2, "lengths must hold integers"),
+        (np.array(5), 2, "lengths must be one-dimensional"),
+        ([[5, 7]], 2, "lengths must be one-dimensional"),
+        ([5, -1], 2, "sample 1 has a negative length"),
+        ([5, 7], 2.0, "actors (the effective actor count) must be a positive int, got 2.0"),
+        ([5, 7], np.int64(0), "actors (the effective actor count) must be a positive int"),
+        ([5, 7], True, "actors (the effective actor count) must be a positive int, got True"),
+        ([5, 7], None, "actors (the effective actor count) must be a positive int, got None"),
+    ],
+)
+def test_rollout_split_bad_arguments_are_value_errors_naming_them(lengths, actors, named):
+    with pytest.raises(ValueError, match="OpenRLHF's rollout split") as caught:
+        seqbal_openrlhf.plan_rollout_split(lengths, CAP, actors)
+    assert named in str(caught.value)

@@ -118,7 +118,9 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
 
     Raises:
         ValueError: (:class:`seqbal.MicroBatchPlanError`) a unit over the cap, a count that
-            cannot be formed, or an invalid spec, on any rank: every rank raises together.
+            cannot be formed, or an invalid spec (``max_tokens_per_mb`` missing or not a positive
+            int, ``n_mbs`` or ``n_mbs_divisor`` not a positive int), on any rank: every rank
+            raises together. Nothing of ``mb_spec`` or ``lens`` is read outside the agreement.
 
     Examples:
         >>> from types import SimpleNamespace
@@ -136,12 +138,22 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
             dist = None
         if dist is not None and dist.is_available() and dist.is_initialized():
             dp_group = dist.group.WORLD
-    parts = plan_micro_batches(
-        lens,
-        mb_spec.max_tokens_per_mb,
-        dp_group=dp_group,
-        num_batches_divided_by=getattr(mb_spec, "n_mbs_divisor", None),
-        min_num_micro_batch=getattr(mb_spec, "n_mbs", None),
-        use_dynamic_bsz_balance=False,
-    )
+    from ..plan import MicroBatchPlanError
+
+    # getattr, not mb_spec.max_tokens_per_mb: a spec without a field on one rank must reach the
+    # agreement (as an invalid cap, None) instead of raising AttributeError while its peers wait.
+    cap = getattr(mb_spec, "max_tokens_per_mb", None)
+    n_mbs = getattr(mb_spec, "n_mbs", None)
+    divisor = getattr(mb_spec, "n_mbs_divisor", None)
+    try:
+        parts = plan_micro_batches(
+            lens, cap, dp_group=dp_group, num_batches_divided_by=divisor, min_num_micro_batch=n_mbs,
+            use_dynamic_bsz_balance=False,
+        )
+    except MicroBatchPlanError as error:
+        raise MicroBatchPlanError(
+            f"AReaL's micro-batch split (mb_spec.max_tokens_per_mb={cap!r}, n_mbs={n_mbs!r}, "
+            f"n_mbs_divisor={divisor!r}): {error}",
+            error.code,
+        ) from error
     return sorted(parts)

@@ -158,25 +158,31 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
     ``dynamic_global_batch_size`` (the step's samples with an action token, over the group) and
     ``dynamic_optimizer_step`` (1 on the step's last micro-batch).
 
+    Checked before any collective: every sample's ``total_length`` (one non-negative integer)
+    and ``action_mask`` (a tensor whose sum is the action tokens); OpenRLHF's bookkeeping reads
+    only these values, so nothing after the plan can fail on one rank alone.
+
     Collectives on the data-parallel group, on the device its backend needs: one MIN of the
-    number of steps, two all-reduces per step for the plan, two SUMs per step for the
-    bookkeeping. Cost: O(n log n) per step plus the partitioning.
+    number of steps (which also carries a malformed sample), two all-reduces per step for the
+    plan, one SUM per step for the bookkeeping. Cost: O(n log n) per step plus the
+    partitioning.
 
     Raises:
-        ValueError: (:class:`seqbal.MicroBatchPlanError`) a sample over the cap, or a count no
-            rank can form, on any rank: every rank raises, at the same step, with the step's
-            numbers; ``train.batch_size`` smaller than the group (a configuration error, raised
-            before any collective).
+        ValueError: (:class:`seqbal.MicroBatchPlanError`) a malformed sample, a sample over the
+            cap, or a count no rank can form, on any rank: every rank raises, at the same step
+            (a malformed sample before the first), the failing rank with the sample's index and
+            its numbers, its peers naming that rank and index; ``train.batch_size`` smaller than
+            the group (a configuration error, the same on every rank, raised before any
+            collective).
     """
     import torch
     import torch.distributed as dist
 
-    from ..collectives import _collective_device
+    from ..collectives import _collective_device, global_rank
     from ..plan import MicroBatchPlanError, plan_micro_batches
 
     args = strategy.args
     cap = training_cap(args)
-    sample_lengths = [int(sample.total_length.item()) for sample in buffer.items]
     dp_group = strategy.ds_device_mesh["dp"].get_group()
     dp_size = dist.get_world_size(group=dp_group)
     local_train_batch_size = args.train.batch_size // dp_size
@@ -186,13 +192,29 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
             f"({dp_size} ranks): no rank would get a sample"
         )
     device = _collective_device(dp_group)
+    # Every read of the buffer's samples happens here, before the first collective: a malformed
+    # sample on one rank travels in the step-count all-reduce, so every rank raises together.
+    sample_lengths, action_tokens, problem = _read_samples(buffer.items)
     # As OpenRLHF: a short buffer (async rollouts) gives fewer steps; every rank runs the fewest.
     expected_num_steps = args.rollout.batch_size * args.rollout.n_samples_per_prompt // args.train.batch_size
-    num_steps = torch.tensor(
-        min(expected_num_steps, len(sample_lengths) // local_train_batch_size), dtype=torch.int64, device=device
-    )
-    dist.all_reduce(num_steps, op=dist.ReduceOp.MIN, group=dp_group)
-    num_steps = int(num_steps.item())
+    local_steps = min(expected_num_steps, len(sample_lengths) // local_train_batch_size)
+    # MIN of [steps, failure]: failure is (sample index * dp_size + rank) on a failing rank and
+    # beyond every such value elsewhere, so the MIN names the failing rank with the lowest index.
+    failure = _NO_FAILURE if problem is None else problem[0] * dp_size + dist.get_rank(group=dp_group)
+    agreed = torch.tensor([local_steps if problem is None else 0, failure], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=dp_group)
+    num_steps, failure = (int(value) for value in agreed.cpu().tolist())
+    if problem is not None:
+        raise MicroBatchPlanError(f"OpenRLHF setup_dynamic_batch: {problem[1]}", MicroBatchPlanError.BAD_BATCH)
+    if failure != _NO_FAILURE:
+        index, rank = divmod(failure, dp_size)
+        world_rank = global_rank(dp_group, rank)
+        where = f"rank {rank} of the data-parallel group" + ("" if world_rank == rank else f" (global rank {world_rank})")
+        raise MicroBatchPlanError(
+            f"OpenRLHF setup_dynamic_batch: {where} failed: its replay buffer sample {index} is malformed "
+            f"(see that rank's error); this rank's samples were valid",
+            MicroBatchPlanError.BAD_BATCH,
+        )
 
     buffer.dynamic_indices = []
     buffer.sample_batch_size = 1
@@ -216,9 +238,9 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
         buffer.dynamic_indices.extend(partitions)
         # OpenRLHF's own bookkeeping, on seqbal's micro-batches.
         members = [idx for part in partitions for idx in part]
-        action_tokens = [int(buffer.items[idx].action_mask.sum().item()) for idx in members]
+        tokens = [action_tokens[idx] for idx in members]
         totals = torch.tensor(
-            [float(sum(tokens > 0 for tokens in action_tokens)), float(sum(action_tokens))],
+            [float(sum(count > 0 for count in tokens)), float(sum(tokens))],
             dtype=torch.float64,
             device=device,
         )
@@ -228,6 +250,49 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
         buffer.dynamic_batch_num_tokens.extend([global_num_tokens] * len(partitions))
         buffer.dynamic_global_batch_size.extend([global_valid_samples] * len(partitions))
         buffer.dynamic_optimizer_step.extend([0] * (len(partitions) - 1) + [1])
+
+
+# Above every (sample index * dp_size + rank) of a failing rank: int64's largest value.
+_NO_FAILURE = 2**63 - 1
+
+
+def _one_number(value: Any) -> Any:
+    """The number a one-element tensor (or a plain number) holds; raises if there is not one."""
+    if hasattr(value, "numel"):
+        if value.numel() != 1:
+            raise ValueError(f"a tensor of shape {tuple(value.shape)}, not one number")
+        return value.item()
+    if value is None:
+        raise ValueError("None")
+    return value
+
+
+def _read_samples(items: Sequence[Any]) -> tuple[list[int], list[int], Any]:
+    """Each sample's ``total_length`` and action tokens (``action_mask.sum()``), as OpenRLHF's
+    step reads them, checked: ``(lengths, action_tokens, problem)`` where ``problem`` is None or
+    ``(index, message)`` for the first malformed sample. Never raises (the caller must still
+    join the step-count all-reduce). O(tokens of the action masks)."""
+    from ..validation import is_int
+
+    lengths: list[int] = []
+    tokens: list[int] = []
+    for index, sample in enumerate(items):
+        try:
+            length = _one_number(getattr(sample, "total_length", None))
+            if not is_int(length) or length < 0:
+                raise ValueError(f"{length!r}, not a non-negative integer")
+        except Exception as error:  # noqa: BLE001 - any unreadable length is this sample's problem
+            return lengths, tokens, (index, f"replay buffer sample {index}: total_length must hold one non-negative integer, got {error}")
+        mask = getattr(sample, "action_mask", None)
+        try:
+            if mask is None or not hasattr(mask, "sum"):
+                raise ValueError(f"got {'None' if mask is None else type(mask).__name__}")
+            count = _one_number(mask.sum())
+        except Exception as error:  # noqa: BLE001
+            return lengths, tokens, (index, f"replay buffer sample {index}: action_mask must be a tensor of the response's tokens, {error}")
+        lengths.append(int(length))
+        tokens.append(int(count))
+    return lengths, tokens, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,9 +347,10 @@ def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int) -> list[li
     ``actors`` seqbal can fill, ordered for OpenRLHF's contiguous chunks (:func:`assign_to_actors`).
 
     Raises:
-        ValueError: (:class:`seqbal.MicroBatchPlanError`) a sample over the cap, fewer actors
-            than one, or too few samples for a multiple of ``actors`` under the cap; the message
-            gives the samples, tokens, cap and actor count.
+        ValueError: (:class:`seqbal.MicroBatchPlanError`) ``lengths`` not a 1-D sequence of
+            non-negative integers, ``actors`` not a positive int (a NumPy integer is one), a
+            sample over the cap, or too few samples for a multiple of ``actors`` under the cap;
+            the message names the argument, or gives the samples, tokens, cap and actor count.
 
     Examples:
         >>> plan_rollout_split([3000, 3000, 1000, 1000], 4096, actors=2)
@@ -295,16 +361,20 @@ def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int) -> list[li
         seqbal.plan.MicroBatchPlanError: OpenRLHF's rollout split: 5 samples, 15000 tokens (longest 3000) at cap 4096 on 4 effective actors (the count must be a multiple of 4): Cannot satisfy ...
     """
     from ..plan import MicroBatchPlanError, plan_micro_batches
+    from ..validation import int_argument, int_array
 
     try:
-        if not isinstance(actors, int) or actors < 1:
-            raise MicroBatchPlanError(f"the effective actor count must be a positive int, got {actors!r}", MicroBatchPlanError.BAD_ARGUMENT)
+        actors = int_argument("actors (the effective actor count)", actors)
+        lengths = int_array(lengths, "lengths", samples=True)
+    except ValueError as error:  # the numbers below cannot be formatted from what was passed
+        raise MicroBatchPlanError(f"OpenRLHF's rollout split: {error}", MicroBatchPlanError.BAD_ARGUMENT) from error
+    try:
         parts = plan_micro_batches(lengths, cap, num_batches_divided_by=actors, use_dynamic_bsz_balance=False)
     except MicroBatchPlanError as error:
-        longest = max(lengths) if len(lengths) else 0
+        longest = int(lengths.max()) if len(lengths) else 0
         raise MicroBatchPlanError(
-            f"OpenRLHF's rollout split: {len(lengths)} samples, {sum(lengths)} tokens (longest {longest}) at cap "
-            f"{cap} on {actors} effective actors (the count must be a multiple of {actors}): {error}",
+            f"OpenRLHF's rollout split: {len(lengths)} samples, {int(lengths.sum())} tokens (longest {longest}) at cap "
+            f"{cap!r} on {actors} effective actors (the count must be a multiple of {actors}): {error}",
             error.code,
         ) from error
     return assign_to_actors(parts, lengths, actors)

@@ -27,11 +27,10 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import sys
 from collections.abc import Mapping
 from typing import Any, ContextManager, Optional
 
-from ._patching import installed_while
+from ._patching import Patch, installed_while, undo_all
 
 import numpy as np
 
@@ -50,8 +49,8 @@ VERL_MODULE = "verl.utils.seqlen_balancing"
 #: The names in VERL_MODULE that seqbal replaces (see _replacements for what replaces each).
 _REPLACED_NAMES = ("rearrange_micro_batches", "restore_dynamic_batch", "get_reverse_idx", "prepare_dynamic_batch")
 
-# verl's original functions, by name, kept while installed so that uninstall() can restore them.
-_originals: dict[str, Any] = {}
+# One Patch per replaced name, kept while installed so that uninstall() can undo exactly them.
+_patches: list[Patch] = []
 # The functions install() binds, by name: thin wrappers made once per process. Being objects of
 # their own, they tell uninstall() exactly what install() put in place, so a module that
 # imported seqbal's functions itself (``from seqbal import rearrange_micro_batches``) keeps them.
@@ -85,22 +84,6 @@ def _import_verl_module():
         ) from error
 
 
-def _rebind(old_to_new: dict[int, tuple[Any, Any]]) -> list[tuple[str, str]]:
-    """In every loaded module, rebind each attribute whose value is one of the old functions
-    (matched by identity) to its new function. Returns the (module, attribute) pairs changed."""
-    changed = []
-    for module_name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict) or module_name.startswith("seqbal"):
-            continue
-        for attribute, value in list(namespace.items()):
-            pair = old_to_new.get(id(value))
-            if pair is not None and value is pair[0]:
-                namespace[attribute] = pair[1]
-                changed.append((module_name, attribute))
-    return changed
-
-
 def install() -> list[tuple[str, str]]:
     """Make the running verl use seqbal wherever it micro-batches. Idempotent.
 
@@ -123,45 +106,33 @@ def install() -> list[tuple[str, str]]:
     """
     module = _import_verl_module()
     replacements = _replacements()
-    if not _originals:
+    if not _patches:
         for name in _REPLACED_NAMES:
-            original = getattr(module, name, None)
+            original = vars(module).get(name)
             if original is not None and original is not replacements[name]:
-                _originals[name] = original
-    old_to_new = {id(original): (original, replacements[name]) for name, original in _originals.items()}
-    changed = _rebind(old_to_new)
-    for name in _originals:  # also when verl's module does not hold the original any more
-        if getattr(module, name, None) is not replacements[name]:
-            setattr(module, name, replacements[name])
-            changed.append((VERL_MODULE, name))
-    return changed
+                _patches.append(Patch(module, name, replacements[name], everywhere=True))
+    changed: list[tuple[str, str]] = []
+    for patch in _patches:
+        changed.extend(patch.apply())
+    return sorted(set(changed))
 
 
 def uninstall() -> list[tuple[str, str]]:
     """Undo :func:`install`: verl's own functions are bound again wherever seqbal's are, also in
-    modules imported after the install. Does nothing if seqbal is not installed.
+    modules imported after the install. A function that someone else bound after the install
+    (another patch of verl's module) stays in place. Does nothing if seqbal is not installed.
 
     Returns:
         the ``(module, attribute)`` pairs that point to verl's functions again.
     """
-    if not _originals:
-        return []
-    replacements = _replacements()
-    new_to_old = {id(replacements[name]): (replacements[name], original) for name, original in _originals.items()}
-    changed = _rebind(new_to_old)
-    module = sys.modules.get(VERL_MODULE)
-    if module is not None:
-        for name, original in _originals.items():
-            if getattr(module, name, None) is not original:
-                setattr(module, name, original)
-                changed.append((VERL_MODULE, name))
-    _originals.clear()
-    return changed
+    changed = undo_all(_patches)
+    _patches.clear()
+    return sorted(set(changed))
 
 
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
-    return bool(_originals)
+    return bool(_patches)
 
 
 def installed() -> ContextManager[list[tuple[str, str]]]:
@@ -200,9 +171,10 @@ def prepare_dynamic_batch(
 
     Raises:
         ValueError: ``data.batch`` is None (no tensors to measure), ``data.non_tensor_batch`` is
-            not a mapping of arrays with a row per sample, ``data.meta_info`` is not a mapping,
-            or any error of :func:`seqbal.rearrange_micro_batches`. In sync mode each of these is
-            agreed like that function's own errors: every rank of ``dp_group`` raises, none waits.
+            not a mapping of arrays with a row per sample, ``data.meta_info`` is not a mapping
+            or cannot be deep-copied (a value holding a lock, say), or any error of
+            :func:`seqbal.rearrange_micro_batches`. In sync mode each of these is agreed like
+            that function's own errors: every rank of ``dp_group`` raises, none waits.
     """
     from ..plan import _plan
     from ..rearrange import rearrange_micro_batches
@@ -248,8 +220,9 @@ def prepare_dynamic_batch(
 
 def _data_problem(data: Any) -> Optional[Exception]:
     """What is wrong with a ``DataProto``-like ``data`` before it is split, or None: checked before
-    the plan so that the error is agreed (a failure while cutting ``non_tensor_batch`` after the
-    plan would leave this rank alone while its peers train on). O(keys)."""
+    the plan so that the error is agreed (a failure while cutting ``non_tensor_batch`` or copying
+    ``meta_info`` after the plan would leave this rank alone while its peers train on). Every
+    step after the plan only indexes what is checked here. O(keys + one copy of meta_info)."""
     from ..plan import MicroBatchPlanError
 
     def bad(message: str) -> MicroBatchPlanError:
@@ -276,7 +249,23 @@ def _data_problem(data: Any) -> Optional[Exception]:
     meta_info = getattr(data, "meta_info", None)
     if meta_info is not None and not isinstance(meta_info, Mapping):
         return bad(f"data.meta_info must be a dict, got a {type(meta_info).__name__}")
+    try:  # every micro-batch gets a deep copy (as verl's own does): try one here, before the plan
+        copy.deepcopy(meta_info)
+    except Exception as error:  # noqa: BLE001 - whatever deepcopy raises is this rank's problem
+        keys = [key for key, value in meta_info.items() if not _deep_copies(value)] if meta_info else []
+        return bad(
+            f"data.meta_info cannot be deep-copied ({type(error).__name__}: {error}); each micro-batch gets a "
+            f"deep copy, as in verl, so every value must support copy.deepcopy (failing keys: {keys})"
+        )
     return None
+
+
+def _deep_copies(value: Any) -> bool:
+    try:
+        copy.deepcopy(value)
+    except Exception:  # noqa: BLE001
+        return False
+    return True
 
 
 def restore_dynamic_batch(data: Any, batch_idx_list: list[list[int]]) -> Any:
