@@ -289,3 +289,56 @@ def test_two_ranks_that_disagree_on_dummies_both_raise(two_ranks):
     errors = [r["error/mismatched_dummies"] for r in two_ranks]
     assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
     assert "dummy_micro_batches from 0 to 1" in errors[0]["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Context parallel: 2 DP x 2 CP gloo ranks, each CP rank with its shard of every sequence
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp_cp_ranks(tmp_path_factory):
+    from . import loss_cp_workers
+    from .test_distributed import spawn_ranks
+
+    out = tmp_path_factory.mktemp("loss_cp")
+    world = loss_cp_workers.DP * loss_cp_workers.CP
+    exit_codes = spawn_ranks([(loss_cp_workers.worker_main, world, (world, str(out / "init"), str(out)))], deadline_s=240)
+    records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+    for record in records:
+        assert "__crash__" not in record, record["__crash__"]
+    assert exit_codes == [[0] * world]
+    return records
+
+
+@pytest.mark.parametrize("mode", workers.MODES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_context_parallel_shards_with_cp_group_equal_the_full_batch_gradient(dp_cp_ranks, mode, reduction):
+    records = [r[f"{mode}/{reduction}"] for r in dp_cp_ranks]
+    assert records[0]["indices"] == records[1]["indices"] and records[2]["indices"] == records[3]["indices"]
+    assert any(part == [] for part in records[2]["indices"]), "replica 1 must be short and get dummies"
+    reference = reference_gradient(all_samples(), mode)
+    for record in records:
+        error = float((torch.tensor(record["gradient"], dtype=torch.float64) - reference).abs().max())
+        assert error <= RTOL_FLOAT64 * float(reference.abs().max()), (error, reference)
+
+
+@pytest.mark.parametrize("mode, reduction", [("token-mean", "sum"), ("seq-mean-token-mean", "mean"),
+                                             ("seq-mean-token-sum", "mean")])
+def test_context_parallel_shards_counted_over_dp_alone_are_wrong(dp_cp_ranks, mode, reduction):
+    """prime-rl's miscount (its issue #2562): without cp_group the counts are the shards'."""
+    gradient = torch.tensor(dp_cp_ranks[0][f"{mode}/{reduction}/dp-only"]["gradient"], dtype=torch.float64)
+    reference = reference_gradient(all_samples(), mode)
+    assert float((gradient - reference).abs().max()) > 0.05 * float(reference.abs().max())
+
+
+def test_context_parallel_errors_are_agreed_by_all_four_ranks(dp_cp_ranks):
+    errors = [r["error/missing_key"]["error"] for r in dp_cp_ranks]
+    assert "loss_mask_key='no_such_mask' is not in the micro-batch" in errors[3]
+    assert "rank 1 of the context-parallel group (global rank 3) failed" in errors[2]
+    assert all("rank 1 of the data-parallel group" in error for error in errors[:2]), errors[:2]
+    mismatched = [r["error/more_samples"] for r in dp_cp_ranks]
+    assert all(record["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS for record in mismatched), mismatched
+    assert mismatched[2]["error"] == mismatched[3]["error"]
+    assert "the ranks of cp_group hold different numbers of samples" in mismatched[2]["error"]
+    assert all("rank 1 of the data-parallel group" in record["error"] for record in mismatched[:2])
