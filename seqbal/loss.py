@@ -11,7 +11,10 @@ any loss (PPO clip, SFT NLL, KL terms) uses them the same way.
 
 The all-reduce carries this rank's error code too, as the planner's agreement does (see
 ``plan.py``): a rank with a missing mask key does not raise alone and leave its peers waiting in
-the collective; every rank learns of it and raises together.
+the collective; every rank learns of it and raises together. Under context parallelism a
+sequence's tokens are sharded over ``cp_group``: its counts are summed over that group first
+(two more all-reduces, carrying the errors the same way), so that every shard is weighted by
+the whole sequence's count and every error reaches the whole DP x CP grid.
 """
 
 from __future__ import annotations
@@ -277,6 +280,16 @@ def loss_weights(
     process group) the counts are this rank's and ``W = 1``. ``N = 0`` gives zero weights (no
     token to learn from). Dummy micro-batches (empty index list) get zero weights.
 
+    Context parallel (``cp_group``: ring attention, Ulysses): the ``C`` ranks of ``cp_group``
+    hold the same micro-batches and index lists (one plan, made over ``dp_group``), each with
+    its own shard of every sequence's tokens and of its loss mask. Each CP rank
+    back-propagates the contract's sum over its shard, and the engine reduces gradients over
+    all ``W x C`` ranks of DP x CP (FSDP over its ``dp_shard_cp`` mesh). ``n_s`` is then the
+    sum of the shards' counts over ``cp_group`` (so ``N`` and ``S`` count each sequence once,
+    not once per shard: counted over ``dp_group`` alone they would be the shards'), and
+    ``f = W x C`` for ``"mean"``; every CP rank gets the same weights. ``dp_group`` is this
+    rank's data-parallel group (one rank per replica, the same CP position), as for the plan.
+
     Args:
         micro_batches: the micro-batches (TensorDicts, mappings or DataProtos), as returned by
             :func:`seqbal.rearrange_micro_batches` (dummies included).
@@ -287,19 +300,32 @@ def loss_weights(
             ``loss_agg_mode`` names). Default ``"token-mean"``.
         dp_group: the data-parallel process group whose samples make the step; None for one
             rank. Must be the group the gradients are reduced over.
-        grad_reduction: ``"mean"`` (DDP/FSDP) or ``"sum"``. Default ``"mean"``.
+        grad_reduction: ``"mean"`` (DDP/FSDP, over DP x CP with a ``cp_group``) or ``"sum"``.
+            Default ``"mean"``.
+        dtype: the weights' floating dtype. Default None: the mask's own dtype where it is
+            floating, else ``torch.get_default_dtype()``. The counts are exact integers and
+            the weights are formed in float64, then rounded once to ``dtype``: pass
+            ``torch.float64`` for a float64 loss (float32 weights would make it exact only to
+            about 1e-7).
+        cp_group: the context-parallel group whose ranks hold shards of this rank's
+            sequences; None without context parallelism.
 
     Returns:
-        One 1-D float32 tensor per micro-batch, on its mask's device, a weight per row.
-        O(total tokens) for the counts; one all-reduce of ``2 + 5 + W`` int64s with a group.
+        One 1-D tensor per micro-batch (of ``dtype``), on its mask's device, a weight per row.
+        O(total tokens) for the counts; one all-reduce of ``2 + 5 + W`` int64s with a group;
+        with a ``cp_group`` of ``C`` ranks, two more over it first (``2 + 5 + C`` int64s, then
+        one per sample of this rank).
 
     Raises:
         ValueError: (:class:`~seqbal.MicroBatchPlanError`) a bad ``mode`` or
             ``grad_reduction``, a missing key, a mask that is not ``[b, T]`` or not 0/1, a
             row count that differs from the index list, or as many micro-batches as index
-            lists not given; ranks that pass different ``mode`` or ``grad_reduction``. With
-            a group every rank raises together (a rank whose own input was fine names the
-            failing rank).
+            lists not given; index lists that do not name this rank's samples ``0..n-1``
+            once each (dummies aside); a ``dtype`` that is not a floating torch.dtype; ranks
+            that pass different ``mode`` or ``grad_reduction``; CP ranks holding different
+            numbers of samples. With groups every rank of DP x CP raises together (a rank
+            whose own input was fine names the failing rank, or the rank of its DP group
+            whose CP group failed).
 
     Examples:
         >>> from tensordict import TensorDict
@@ -309,6 +335,8 @@ def loss_weights(
         [[0.25], [0.25, 0.25]]
         >>> [w.tolist() for w in loss_weights(mbs, [[1], [0, 2]], mode="seq-mean-token-mean")]
         [[0.1111111119389534], [0.3333333432674408, 0.0]]
+        >>> loss_weights(mbs, [[1], [0, 2]], mode="seq-mean-token-mean", dtype=torch.float64)[0].tolist()
+        [0.1111111111111111]
     """
     _check_dp_group(dp_group)
     _check_cp_group(cp_group)
