@@ -1041,7 +1041,7 @@ def _padded_schedule(
 
 
 def _padded_model(workload_fn: Optional[WorkloadFn]) -> Callable[[np.ndarray], np.ndarray]:
-    return (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else calculate_workload
+    return (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else balance_workloads
 
 
 def _padded_work(
@@ -1227,6 +1227,7 @@ def get_group_balanced_partitions(
         >>> get_group_balanced_partitions([5, 5, 1, 1], ["a", "a", "b", "b"], 2)
         [[0, 1], [2, 3]]
     """
+    seqlen_list = int_array(seqlen_list, "seqlen_list", sums=False)  # before len(): a 0-d array has none
     if len(seqlen_list) != len(uid_list):
         raise ValueError(f"seqlen_list has {len(seqlen_list)} entries but uid_list has {len(uid_list)}")
     return balance_batch(seqlen_list, k_partitions, equal_size=True, group_ids=uid_list)[0]
