@@ -209,7 +209,7 @@ def int_array(
     array = _tensor_values(values, name) if _is_torch_tensor(values) else np.asarray(values)
     if array.ndim != 1:
         what = f"a {type(values).__name__}" if array.ndim == 0 else f"shape {tuple(array.shape)}"
-        raise LengthsError(f"{name} must be a one-dimensional sequence, array or tensor of ints, got {what}", "bad")
+        raise LengthsError(f"{name} must be one-dimensional (a sequence, array or tensor of ints), got {what}", "bad")
     if array.size == 0:
         if empty is not None:
             raise LengthsError(empty, "empty")
