@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -67,19 +66,14 @@ def error_scenario(rank: int, kind: str, groups: dict) -> dict:
         samples = sum(len(part) for part in indices)
         shards = shards + shards[:1]
         indices = indices + [list(range(samples, samples + len(shards[0])))]
-    try:
-        seqbal.loss_weights(shards, indices, loss_mask_key=key, dp_group=groups["dp"], cp_group=groups["cp"])
-        return {"error": None}
-    except ValueError as error:
-        return {"error": str(error), "code": getattr(error, "code", None)}
+    return base.error_record(
+        lambda: seqbal.loss_weights(shards, indices, loss_mask_key=key, dp_group=groups["dp"], cp_group=groups["cp"]))
 
 
 def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     records = {}
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
-        )
+        base.init_gloo(rank, world, init_file)
         # every rank creates every group, in the same order
         dp_groups = [dist.new_group([c + CP * d for d in range(DP)]) for c in range(CP)]
         cp_groups = [dist.new_group([CP * d + c for c in range(CP)]) for d in range(DP)]

@@ -98,6 +98,22 @@ def accumulate(rank: int, mode: str, reduction: str, nested: bool, group, precis
     }
 
 
+def error_record(call) -> dict:
+    """``call()``'s ValueError as ``{"error": message, "code": code}`` (``{"error": None}`` if none)."""
+    try:
+        call()
+        return {"error": None}
+    except ValueError as error:
+        return {"error": str(error), "code": getattr(error, "code", None)}
+
+
+def init_gloo(rank: int, world: int, init_file: str) -> None:
+    """The default gloo group over ``world`` processes, with a 30 s collective timeout."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
+
+
 def error_scenario(rank: int, kind: str, group) -> dict:
     batch = rank_batch(rank)
     micro_batches, indices = seqbal.rearrange_micro_batches(batch, CAP, dp_group=group, dummy_micro_batches=True)
@@ -108,19 +124,13 @@ def error_scenario(rank: int, kind: str, group) -> dict:
         mode = "seq-mean-token-sum"
     if kind == "half_mask" and rank == 1:
         micro_batches[0]["loss_mask"] = micro_batches[0]["loss_mask"] * 0.5
-    try:
-        seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group)
-        return {"error": None}
-    except ValueError as error:
-        return {"error": str(error), "code": getattr(error, "code", None)}
+    return error_record(lambda: seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group))
 
 
 def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     records = {}
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
-        )
+        init_gloo(rank, world, init_file)
         group = dist.group.WORLD
         for mode in MODES:
             for reduction in ("mean", "sum"):
@@ -132,11 +142,9 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         for kind in ("missing_key", "mismatched_mode", "half_mask"):
             records[f"error/{kind}"] = error_scenario(rank, kind, group)
         lengths = rank_batch(rank)["attention_mask"].sum(-1).tolist()
-        try:  # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
-            seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1)
-            records["error/mismatched_dummies"] = {"error": None}
-        except ValueError as error:
-            records["error/mismatched_dummies"] = {"error": str(error), "code": getattr(error, "code", None)}
+        # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
+        records["error/mismatched_dummies"] = error_record(
+            lambda: seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1))
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
