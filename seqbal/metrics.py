@@ -31,6 +31,22 @@ METRIC_KEYS = {
 }
 
 
+def _index_lists(value: Any, name: str) -> int:
+    """How many index lists ``value`` holds; ValueError naming ``name`` if it holds none."""
+    try:
+        return len(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a list of index lists, got {value!r:.60}") from None
+
+
+def _check_indices(parts: Sequence[Sequence[int]], n: int, name: str) -> None:
+    """ValueError naming ``name`` unless ``parts`` hold every index 0..n-1 exactly once."""
+    try:
+        check_is_partition(parts, n)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name}: {error}") from None
+
+
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str) -> dict[str, Any]:
     """verl-compatible imbalance metrics of ``partitions`` versus contiguous equal slices.
 
@@ -49,14 +65,11 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequen
         >>> log_seqlen_unbalance([1, 2, 3, 4], [[0, 3], [1, 2]], "seqlen")["seqlen/balanced_max"]
         5
     """
-    k = len(partitions)
+    k = _index_lists(partitions, "partitions")
     lengths = int_array(seqlen_list, "seqlen_list", negative=False)
     if k == 0 or len(lengths) < k:
         raise ValueError(f"need at least one partition and as many samples as partitions, got {len(lengths)} and {k}")
-    try:
-        check_is_partition(partitions, len(lengths))
-    except ValueError as error:
-        raise ValueError(f"partitions: {error}") from None
+    _check_indices(partitions, len(lengths), "partitions")
     slice_size = len(lengths) // k
     before = [int(lengths[i:i + slice_size].sum()) for i in range(0, slice_size * k, slice_size)]
     after = [int(lengths[list(p)].sum()) for p in partitions]
@@ -131,7 +144,8 @@ def micro_batch_metrics(
 
     Raises:
         ValueError: ``max_token_len`` not a positive int (NumPy integers are taken as their
-            values), or lengths that are not non-negative ints within int64.
+            values), lengths that are not non-negative ints within int64, or index lists that
+            do not hold every sample index exactly once (dummies aside).
 
     Examples:
         >>> metrics = micro_batch_metrics([4, 4, 8], [[0, 1], [2], []], 8)
@@ -144,6 +158,8 @@ def micro_batch_metrics(
     cost = as_cost_model(cost_model)
     array = int_array(lengths, "lengths", samples=True, integral_floats=False)
     values = array.tolist()
+    _index_lists(batch_idx_list, "batch_idx_list")
+    _check_indices(batch_idx_list, len(values), "batch_idx_list")
     real = [list(part) for part in batch_idx_list if len(part)]
     work_of = workload_fn or balance_workloads
     if cost.padded:  # a padded micro-batch computes on samples x its longest

@@ -140,3 +140,65 @@ def test_log_seqlen_unbalance_of_numpy_lengths_is_plain_python():
 def test_calculate_workload_rejects_lengths_that_are_not_non_negative_ints(lengths):
     with pytest.raises(ValueError, match="seqlens"):
         calculate_workload(lengths)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep: any junk argument to a public helper is a ValueError or a result, never another
+# exception from deep inside
+# ---------------------------------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from seqbal.partition import ceildiv, roundup_divisible  # noqa: E402
+
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=3),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([np.uint8(3), np.int16(-2), np.uint64(2**63 + 1), np.float32(2.0), np.bool_(True)]),
+    st.lists(st.integers(-3, 2**65), max_size=4),
+    st.sampled_from([np.array(5), torch.tensor([1, 0]), torch.tensor(2.5), torch.tensor([1.5, 2.0]), np.array([[1, 2]])]),
+)
+
+HELPERS = {
+    "ceildiv(a)": lambda v: ceildiv(v, 3),
+    "ceildiv(b)": lambda v: ceildiv(7, v),
+    "roundup_divisible(a)": lambda v: roundup_divisible(v, 3),
+    "roundup_divisible(b)": lambda v: roundup_divisible(7, v),
+    "get_reverse_idx": lambda v: get_reverse_idx(v),
+    "restore_dynamic_batch(batch_idx_list)": lambda v: restore_dynamic_batch(torch.arange(2.0), v),
+    "log_seqlen_unbalance(seqlen_list)": lambda v: log_seqlen_unbalance(v, [[0], [1]], "p"),
+    "log_seqlen_unbalance(partitions)": lambda v: log_seqlen_unbalance([1, 2], v, "p"),
+    "get_group_balanced_partitions(seqlen_list)": lambda v: get_group_balanced_partitions(v, [0, 1], 2),
+    "get_group_balanced_partitions(k)": lambda v: get_group_balanced_partitions([1, 2], [0, 1], v),
+    "calculate_workload": lambda v: calculate_workload(v),
+    "karmarkar_karp(seqlen_list)": lambda v: karmarkar_karp(v, 1, equal_size=False),
+    "karmarkar_karp(k)": lambda v: karmarkar_karp([1, 2], v, equal_size=False),
+    "karmarkar_karp(equal_size)": lambda v: karmarkar_karp([1, 2], 2, equal_size=v),
+    "get_seqlen_balanced_partitions(seqlen_list)": lambda v: get_seqlen_balanced_partitions(v, 1, False),
+    "capped_balanced_partitions(k)": lambda v: capped_balanced_partitions([1, 2], [1, 2], 10, v),
+    "capped_balanced_partitions(capacity)": lambda v: capped_balanced_partitions([1, 2], [1, 2], v, 1),
+    "micro_batch_metrics(max_token_len)": lambda v: micro_batch_metrics([4, 4], [[0], [1]], v),
+    "micro_batch_metrics(lengths)": lambda v: micro_batch_metrics(v, [[0], [1]], 8),
+    "dummy_source(force_group_size)": lambda v: dummy_source([1, 2], v),
+}
+
+
+@pytest.mark.parametrize("helper", sorted(HELPERS))
+@settings(max_examples=60, deadline=None)
+@given(value=JUNK)
+def test_a_junk_argument_is_a_value_error_or_a_result(helper, value):
+    try:
+        result = HELPERS[helper](value)
+    except ValueError:
+        return
+    if isinstance(result, dict):
+        json.dumps(result)  # plain Python numbers
+
+
+def test_micro_batch_metrics_rejects_index_lists_that_are_not_of_the_samples():
+    with pytest.raises(ValueError, match="batch_idx_list: bin 0 holds 0, not an index into 0 items"):
+        micro_batch_metrics([], [[0], [1]], 8)
+    with pytest.raises(ValueError, match="batch_idx_list: item 0 appears twice"):
+        micro_batch_metrics([4, 4], [[0], [0, 1]], 8)
+    with pytest.raises(ValueError, match="partitions must be a list of index lists, got None"):
+        log_seqlen_unbalance([1, 2], None, "p")
