@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from .validation import int_argument
-from .workload import calculate_workload
+from .workload import balance_workloads
 
 __all__ = [
     "CostModel",
@@ -266,13 +266,14 @@ def padded_partitions(
     capacity: int,
     k: int,
     *,
-    workload_fn: Callable[[np.ndarray], np.ndarray] = calculate_workload,
+    workload_fn: Callable[[np.ndarray], np.ndarray] = balance_workloads,
 ) -> Optional[list[list[int]]]:
     """``k`` micro-batches of groups, each of padded cost ``<= capacity``, balanced on padded work.
 
     A micro-batch's padded workload is ``samples * workload_fn(longest)`` (attention and linear
     layers run on the padded shape; ``workload_fn`` maps an int64 array of lengths to their
-    workloads, :func:`~seqbal.calculate_workload` by default). The micro-batches are runs of
+    workloads; by default :func:`seqbal.workload.balance_workloads`, the default model exact
+    wherever its total fits int64 and in float64 beyond, as under the token cost). The micro-batches are runs of
     the length-sorted order: the largest run workload is minimised by bisection (each probe a
     greedy of O(k log n)), then runs are split, heaviest first, until there are exactly ``k``.
     Returns ``None`` when ``k`` is below the greedy count (:func:`padded_min_count`) or above the

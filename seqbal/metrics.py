@@ -6,12 +6,13 @@ decides; every function here is read-only and O(n).
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from .cost import as_cost_model
+from .validation import check_is_partition, int_argument, int_array
+from .workload import balance_workloads
 from .workload import calculate_workload
 
 __all__ = ["METRIC_KEYS", "log_seqlen_unbalance", "micro_batch_summary", "micro_batch_metrics"]
@@ -31,6 +32,22 @@ METRIC_KEYS = {
 }
 
 
+def _index_lists(value: Any, name: str) -> int:
+    """How many index lists ``value`` holds; ValueError naming ``name`` if it holds none."""
+    try:
+        return len(value)
+    except TypeError:
+        raise ValueError(f"{name} must be a list of index lists, got {value!r:.60}") from None
+
+
+def _check_indices(parts: Sequence[Sequence[int]], n: int, name: str) -> None:
+    """ValueError naming ``name`` unless ``parts`` hold every index 0..n-1 exactly once."""
+    try:
+        check_is_partition(parts, n)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name}: {error}") from None
+
+
 def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequence[int]], prefix: str) -> dict[str, Any]:
     """verl-compatible imbalance metrics of ``partitions`` versus contiguous equal slices.
 
@@ -42,16 +59,18 @@ def log_seqlen_unbalance(seqlen_list: Sequence[int], partitions: Sequence[Sequen
         ``/balanced_max`` (after) and ``/mean`` (total over the number of partitions).
 
     Raises:
-        ValueError: no partitions, or fewer samples than partitions.
+        ValueError: lengths that are not non-negative ints, no partitions, fewer samples than
+            partitions, or partitions that do not hold every sample index exactly once.
 
     Examples:
         >>> log_seqlen_unbalance([1, 2, 3, 4], [[0, 3], [1, 2]], "seqlen")["seqlen/balanced_max"]
         5
     """
-    k = len(partitions)
-    lengths = np.asarray(seqlen_list, dtype=np.int64)
+    k = _index_lists(partitions, "partitions")
+    lengths = int_array(seqlen_list, "seqlen_list", negative=False)
     if k == 0 or len(lengths) < k:
         raise ValueError(f"need at least one partition and as many samples as partitions, got {len(lengths)} and {k}")
+    _check_indices(partitions, len(lengths), "partitions")
     slice_size = len(lengths) // k
     before = [int(lengths[i:i + slice_size].sum()) for i in range(0, slice_size * k, slice_size)]
     after = [int(lengths[list(p)].sum()) for p in partitions]
@@ -84,10 +103,8 @@ def micro_batch_summary(
         >>> micro_batch_summary([4, 4, 8], [[0, 1], [2]], 8)["fill"]
         1.0
     """
-    if isinstance(max_token_len, bool) or not isinstance(max_token_len, numbers.Integral) or max_token_len < 1:
-        raise ValueError(f"max_token_len must be a positive int, got {max_token_len!r}")
-    max_token_len = int(max_token_len)
-    lengths_array = np.asarray(lengths, dtype=np.int64)
+    max_token_len = int_argument("max_token_len", max_token_len)
+    lengths_array = int_array(lengths, "lengths", samples=True, integral_floats=False)
     workloads = np.asarray((workload_fn or calculate_workload)(lengths_array), dtype=np.float64)
     tokens = [int(lengths_array[list(p)].sum()) for p in micro_batches]
     work = [float(workloads[list(p)].sum()) for p in micro_batches]
@@ -119,9 +136,17 @@ def micro_batch_metrics(
     Keys are ``f"{prefix}/{name}"`` for every name of :data:`METRIC_KEYS` (their meanings are
     there); values are ints or floats. Costs are under ``cost_model`` (the one the plan used;
     effective tokens by default); workloads use ``workload_fn`` (default
-    :func:`~seqbal.calculate_workload`; padded micro-batches weigh ``samples x`` their
+    the default model; padded micro-batches weigh ``samples x`` their
     longest's workload). Empty index lists are dummies (copies of a sample; their own cost is
-    not counted). O(n).
+    not counted). Every value is a plain Python int or float (``json.dumps`` takes the dict),
+    whatever NumPy types came in. The default workloads take the planner's route
+    (:func:`seqbal.workload.balance_workloads`: exact where int64 holds them, float64 beyond).
+    O(n).
+
+    Raises:
+        ValueError: ``max_token_len`` not a positive int (NumPy integers are taken as their
+            values), lengths that are not non-negative ints within int64, or index lists that
+            do not hold every sample index exactly once (dummies aside).
 
     Examples:
         >>> metrics = micro_batch_metrics([4, 4, 8], [[0, 1], [2], []], 8)
@@ -130,17 +155,22 @@ def micro_batch_metrics(
         >>> round(metrics["seqbal/fill"], 3)
         0.667
     """
+    max_token_len = int_argument("max_token_len", max_token_len)
     cost = as_cost_model(cost_model)
-    values = [int(s) for s in np.asarray(lengths, dtype=np.int64).tolist()]
+    array = int_array(lengths, "lengths", samples=True, integral_floats=False)
+    values = array.tolist()
+    _index_lists(batch_idx_list, "batch_idx_list")
+    _check_indices(batch_idx_list, len(values), "batch_idx_list")
     real = [list(part) for part in batch_idx_list if len(part)]
-    work_of = workload_fn or calculate_workload
-    workloads = np.asarray(work_of(np.asarray(values, dtype=np.int64)), dtype=np.float64) if values else np.zeros(0)
-    if cost.padded:
-        rounded = cost.rounded(np.asarray(values, dtype=np.int64)) if values else np.zeros(0, dtype=np.int64)
-        work = [len(p) * float(np.asarray(work_of(np.asarray([rounded[p].max()])), dtype=np.float64)[0]) for p in real]
+    work_of = workload_fn or balance_workloads
+    if cost.padded:  # a padded micro-batch computes on samples x its longest
+        rounded = cost.rounded(array)
+        padded_work = np.asarray(work_of(rounded), dtype=np.float64) if values else np.zeros(0)
+        work = [len(p) * float(padded_work[p][int(np.argmax(rounded[p]))]) for p in real]
     else:
+        workloads = np.asarray(work_of(array), dtype=np.float64) if values else np.zeros(0)
         work = [float(workloads[p].sum()) for p in real]
-    costs = cost.part_costs(values, real)
+    costs = [int(c) for c in cost.part_costs(values, real)]
     # per-sequence rounding only: packing rounds a whole micro-batch, and padding adds at least 0
     sample_costs = int(cost.rounded(np.asarray(values, dtype=np.int64)).sum()) if values else 0
     count = len(batch_idx_list)
@@ -149,7 +179,7 @@ def micro_batch_metrics(
         "count": count,
         "lower_bound": -(-sample_costs // max_token_len),
         "fill": sample_costs / (count * max_token_len) if count else 0.0,
-        "workload_imbalance": max(work) / mean_work if mean_work > 0 else 1.0,
+        "workload_imbalance": float(max(work) / mean_work) if mean_work > 0 else 1.0,
         "max_cost": max(costs, default=0),
         "max_tokens": max((sum(values[i] for i in p) for p in real), default=0),
         "dummies": count - len(real),

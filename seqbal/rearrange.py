@@ -8,7 +8,7 @@ once, and putting per-sample outputs back in the original order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from itertools import chain
 from typing import Any, Optional, Sequence, Union
 
@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 from .cost import CostModel, as_cost_model
 from .plan import MicroBatchPlanError, _WindowedLengths, _as_flag, _plan, dummy_source
 from .tensordict_compat import select_nested_rows, select_rows
+from .validation import int_array, is_int
 
 __all__ = [
     "effective_lengths",
@@ -415,7 +416,9 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
         >>> get_reverse_idx([2, 0, 1])
         [1, 2, 0]
     """
-    order = np.asarray(list(idx_map), dtype=np.int64)
+    values = idx_map if isinstance(idx_map, np.ndarray) or isinstance(idx_map, torch.Tensor) else (
+        list(idx_map) if isinstance(idx_map, Iterable) and not isinstance(idx_map, (str, bytes)) else idx_map)
+    order = int_array(values, "idx_map", integral_floats=False, negative=True, sums=False)
     n = len(order)
     if n and (order.min() < 0 or order.max() >= n or len(np.unique(order)) != n):
         raise ValueError(f"idx_map must be a permutation of 0..{n - 1}, got {list(idx_map)[:20]}")
@@ -463,9 +466,14 @@ def restore_dynamic_batch(
         [[5, 6, 0], [7, 0, 0]]
     """
     try:
-        indices = [int(i) for i in chain.from_iterable(batch_idx_list)]
+        flat = list(chain.from_iterable(batch_idx_list))
+        # ints only: int() alone would take 2.0 or True as an index
+        if not all(is_int(i) or isinstance(i, torch.Tensor) and i.numel() == 1 and not i.is_floating_point()
+                   and i.dtype != torch.bool for i in flat):
+            raise TypeError
+        indices = [int(i) for i in flat]
     except (TypeError, ValueError):
-        raise ValueError(f"batch_idx_list must be a list of index lists, got {batch_idx_list!r:.80}") from None
+        raise ValueError(f"batch_idx_list must be a list of index lists (of ints), got {batch_idx_list!r:.80}") from None
     if isinstance(data, (list, tuple)):
         if any(not part for part in batch_idx_list) and len(data) == len(batch_idx_list):
             real = [position for position, part in enumerate(batch_idx_list) if part]

@@ -93,6 +93,31 @@ def int_argument(
     return number
 
 
+def flag_argument(name: str, value: Any) -> bool:
+    """``value`` checked and returned as a bool: ``True``/``False``, a NumPy bool, or a bool
+    tensor or array of one element. O(1).
+
+    ``bool()`` alone is no check: it takes ``"no"`` and ``2`` as True and raises RuntimeError
+    (deep in a call) on a tensor of several values.
+
+    >>> flag_argument("equal_size", np.True_)
+    True
+    >>> flag_argument("equal_size", "yes")
+    Traceback (most recent call last):
+    ...
+    ValueError: equal_size must be True or False, got 'yes'
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    dtype, size = getattr(value, "dtype", None), getattr(value, "numel", getattr(value, "size", None))
+    size = size() if callable(size) else size
+    if dtype is not None and str(dtype) in ("bool", "torch.bool") and size == 1:
+        return bool(value)
+    shape = getattr(value, "shape", None)
+    what = f"a {type(value).__name__} of shape {tuple(shape)}" if shape is not None else f"{value!r:.60}"
+    raise ValueError(f"{name} must be True or False, got {what}")
+
+
 def check_capacity(capacity: Any) -> int:
     """The partitioner's ``capacity`` as a Python int: a positive int within int64. O(1)."""
     if not is_int(capacity):
@@ -185,7 +210,8 @@ def int_array(
     """
     array = _tensor_values(values, name) if _is_torch_tensor(values) else np.asarray(values)
     if array.ndim != 1:
-        raise LengthsError(f"{name} must be one-dimensional, got shape {tuple(array.shape)}", "bad")
+        what = f"a {type(values).__name__}" if array.ndim == 0 else f"shape {tuple(array.shape)}"
+        raise LengthsError(f"{name} must be one-dimensional (a sequence, array or tensor of ints), got {what}", "bad")
     if array.size == 0:
         if empty is not None:
             raise LengthsError(empty, "empty")

@@ -67,13 +67,16 @@ def make_workload_fn(hidden_size: int) -> Callable[[Lengths], Union["torch.Tenso
 
     def workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
         if type(seqlens).__module__.startswith("torch") and hasattr(seqlens, "long"):  # a tensor stays one
-            if str(seqlens.dtype) == "torch.uint64":
-                int_array(seqlens.reshape(-1), "seqlens", negative=True, sums=False)  # too large, not wrapped
+            if str(seqlens.dtype) == "torch.uint64" or seqlens.is_floating_point() or seqlens.is_complex() or (
+                    str(seqlens.dtype) == "torch.bool"):  # too large (not wrapped), or not integers
+                int_array(seqlens.reshape(-1), "seqlens", negative=False, sums=False)
             s = seqlens.long()
+            if s.numel() and int(s.min()) < 0:
+                raise ValueError(f"seqlens must be non-negative, got {int(s.min())}")
             _check_range(int(s.abs().max()) if s.numel() else 0, linear)
             return linear * s + s * s
         array = np.asarray(seqlens)
-        s = int_array(array.reshape(-1), "seqlens", negative=True, sums=False).reshape(array.shape)
+        s = int_array(array.reshape(-1), "seqlens", negative=False, sums=False).reshape(array.shape)
         _check_range(int(np.abs(s).max()) if s.size else 0, linear)
         return linear * s + s * s
 

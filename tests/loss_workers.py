@@ -62,21 +62,56 @@ def dense_mask(micro_batch: TensorDict) -> torch.Tensor:
     return mask
 
 
-def accumulate(rank: int, mode: str, reduction: str, nested: bool, group) -> dict:
+#: The precisions of the exactness scenarios: "float64" passes ``dtype=torch.float64``,
+#: "float64-mask" a float64 mask and no dtype (the default follows the mask), "float32" runs
+#: the whole step (parameters, features, weights) in float32.
+PRECISIONS = ("float64", "float64-mask", "float32")
+
+
+def accumulate(rank: int, mode: str, reduction: str, nested: bool, group, precision: str = "") -> dict:
     batch = rank_batch(rank, nested)
+    options = {}
+    if precision == "float64":
+        options["dtype"] = torch.float64
+    elif precision == "float64-mask":
+        batch["loss_mask"] = batch["loss_mask"].to(torch.float64)
+    elif precision == "float32":
+        batch["features"] = batch["features"].to(torch.float32)
+        options["dtype"] = torch.float32
     micro_batches, indices = seqbal.rearrange_micro_batches(batch, CAP, dp_group=group, dummy_micro_batches=True)
     weights = seqbal.loss_weights(
-        micro_batches, indices, loss_mask_key="loss_mask", mode=mode, dp_group=group, grad_reduction=reduction
+        micro_batches, indices, loss_mask_key="loss_mask", mode=mode, dp_group=group, grad_reduction=reduction,
+        **options,
     )
-    theta = parameters().requires_grad_(True)
+    theta = parameters().to(batch["features"].dtype).requires_grad_(True)
     for micro_batch, weight in zip(micro_batches, weights):
-        loss = (token_loss(theta, micro_batch["features"]) * dense_mask(micro_batch) * weight[:, None]).sum()
+        mask = dense_mask(micro_batch).to(theta.dtype)
+        loss = (token_loss(theta, micro_batch["features"]) * mask * weight[:, None]).sum()
         loss.backward()
     gradient = theta.grad.clone()
     dist.all_reduce(gradient, group=group)  # SUM, then the engine's averaging for "mean"
     if reduction == "mean":
         gradient /= dist.get_world_size(group)
-    return {"gradient": gradient.tolist(), "indices": indices, "weights": [w.tolist() for w in weights]}
+    return {
+        "gradient": gradient.tolist(), "indices": indices, "weights": [w.tolist() for w in weights],
+        "dtypes": sorted({str(w.dtype) for w in weights}),
+    }
+
+
+def error_record(call) -> dict:
+    """``call()``'s ValueError as ``{"error": message, "code": code}`` (``{"error": None}`` if none)."""
+    try:
+        call()
+        return {"error": None}
+    except ValueError as error:
+        return {"error": str(error), "code": getattr(error, "code", None)}
+
+
+def init_gloo(rank: int, world: int, init_file: str) -> None:
+    """The default gloo group over ``world`` processes, with a 30 s collective timeout."""
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+    )
 
 
 def error_scenario(rank: int, kind: str, group) -> dict:
@@ -89,32 +124,27 @@ def error_scenario(rank: int, kind: str, group) -> dict:
         mode = "seq-mean-token-sum"
     if kind == "half_mask" and rank == 1:
         micro_batches[0]["loss_mask"] = micro_batches[0]["loss_mask"] * 0.5
-    try:
-        seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group)
-        return {"error": None}
-    except ValueError as error:
-        return {"error": str(error), "code": getattr(error, "code", None)}
+    return error_record(lambda: seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group))
 
 
 def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     records = {}
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
-        )
+        init_gloo(rank, world, init_file)
         group = dist.group.WORLD
         for mode in MODES:
             for reduction in ("mean", "sum"):
                 records[f"{mode}/{reduction}"] = accumulate(rank, mode, reduction, False, group)
             records[f"{mode}/nested"] = accumulate(rank, mode, "mean", True, group)
+            for reduction in ("mean", "sum"):
+                for precision in PRECISIONS:
+                    records[f"{mode}/{reduction}/{precision}"] = accumulate(rank, mode, reduction, False, group, precision)
         for kind in ("missing_key", "mismatched_mode", "half_mask"):
             records[f"error/{kind}"] = error_scenario(rank, kind, group)
         lengths = rank_batch(rank)["attention_mask"].sum(-1).tolist()
-        try:  # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
-            seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1)
-            records["error/mismatched_dummies"] = {"error": None}
-        except ValueError as error:
-            records["error/mismatched_dummies"] = {"error": str(error), "code": getattr(error, "code", None)}
+        # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
+        records["error/mismatched_dummies"] = error_record(
+            lambda: seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1))
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()

@@ -127,6 +127,61 @@ def test_mask_errors():
         loss_weights([TensorDict({"response_mask": torch.ones(1, 2)}, [1])], [[0], [1]])
 
 
+def test_dtype_defaults_to_the_masks_floating_dtype_else_torchs_default():
+    def dtypes(mask, **kwargs):
+        micro_batches = [TensorDict({"response_mask": mask}, [len(mask)]), TensorDict({"response_mask": mask[:1]}, [1])]
+        return [w.dtype for w in loss_weights(micro_batches, [[0, 1], []], **kwargs)]  # a dummy too
+
+    assert dtypes(torch.ones(2, 3, dtype=torch.float64)) == [torch.float64] * 2
+    assert dtypes(torch.ones(2, 3, dtype=torch.bfloat16)) == [torch.bfloat16] * 2
+    assert dtypes(torch.ones(2, 3, dtype=torch.long)) == [torch.get_default_dtype()] * 2
+    assert dtypes(torch.ones(2, 3, dtype=torch.bool), dtype=torch.float64) == [torch.float64] * 2
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert dtypes(torch.ones(2, 3, dtype=torch.bool)) == [torch.float64] * 2
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def test_float64_weights_are_exact_where_float32_ones_are_not():
+    masks = [torch.tensor([[1, 1, 1, 0, 1, 1, 1]]), torch.tensor([[1, 1, 1, 1, 1, 1, 0]])]
+    micro_batches = [TensorDict({"response_mask": m}, [1]) for m in masks]
+    weights = loss_weights(micro_batches, [[0], [1]], mode="seq-mean-token-mean", dtype=torch.float64)
+    assert [w.item() for w in weights] == [1 / 12, 1 / 12]  # 1 / (2 * 6), to the last bit of float64
+    single = loss_weights(micro_batches, [[0], [1]], mode="seq-mean-token-mean", dtype=torch.float32)
+    assert single[0].item() != 1 / 12 and single[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.bool, "float64", torch.complex64, 64])
+def test_a_dtype_that_is_not_a_floating_torch_dtype_is_an_error(dtype):
+    with pytest.raises(MicroBatchPlanError, match=r"dtype must be a floating torch.dtype"):
+        loss_weights([TensorDict({"response_mask": torch.ones(1, 2)}, [1])], [[0]], dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "indices, match",
+    [
+        ([[0, 5]], r"batch_idx_list: bin 0 holds 5, not an index into 2 items"),
+        ([[0, -1]], r"batch_idx_list: bin 0 holds -1, not an index into 2 items"),
+        ([[1, 1]], r"batch_idx_list: item 1 appears twice"),
+        ([[0, 1.0]], r"batch_idx_list: bin 0 holds 1.0, not an index into 2 items"),
+        ([[0, "1"]], r"batch_idx_list: bin 0 holds '1', not an index into 2 items"),
+    ],
+)
+def test_index_values_must_be_the_batchs_samples(indices, match):
+    with pytest.raises(MicroBatchPlanError, match=match):
+        loss_weights([TensorDict({"response_mask": torch.ones(2, 2)}, [2])], indices)
+
+
+def test_index_lists_as_arrays_and_tensors_are_read_as_index_lists():
+    import numpy as np
+
+    micro_batches = [TensorDict({"response_mask": torch.ones(2, 2)}, [2]), TensorDict({"response_mask": torch.ones(1, 2)}, [1])]
+    for indices in ([np.array([0, 2]), np.array([1])], [torch.tensor([0, 2]), torch.tensor([1])]):
+        assert [w.tolist() for w in loss_weights(micro_batches, indices, dtype=torch.float64)] == [[1 / 6, 1 / 6], [1 / 6]]
+
+
 def test_one_all_reduce_in_sync_mode(monkeypatch):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available")
@@ -185,6 +240,33 @@ def test_two_ranks_with_dummies_equal_the_full_batch_gradient(two_ranks, mode, v
         close(torch.tensor(record["gradient"], dtype=torch.float64), reference)
 
 
+#: Float64 weights: the accumulated gradient equals the full-batch one to float64 rounding,
+#: far inside 1e-9 of its size (float32 weights were off by about 1e-7).
+RTOL_FLOAT64 = 1e-9
+#: A step run in float32 (parameters, features, weights), against the float64 reference on the
+#: same float32 inputs: float32's own rounding, 2**-24 per operation over a few dozen
+#: accumulated terms, bounded by 64 units of float32's epsilon of the gradient's size.
+RTOL_FLOAT32 = 64 * torch.finfo(torch.float32).eps
+
+
+@pytest.mark.parametrize("mode", workers.MODES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("precision", workers.PRECISIONS)
+def test_two_ranks_with_dummies_are_exact_at_the_weights_precision(two_ranks, mode, reduction, precision):
+    records = [r[f"{mode}/{reduction}/{precision}"] for r in two_ranks]
+    assert any(part == [] for part in records[1]["indices"]), "rank 1 must be short and get dummies"
+    expected = "torch.float32" if precision == "float32" else "torch.float64"
+    assert all(record["dtypes"] == [expected] for record in records), [r["dtypes"] for r in records]
+    samples = all_samples()
+    if precision == "float32":  # the reference sees the very inputs the float32 step saw
+        samples["features"] = samples["features"].to(torch.float32).to(torch.float64)
+    reference = reference_gradient(samples, mode)
+    rtol = RTOL_FLOAT32 if precision == "float32" else RTOL_FLOAT64
+    for record in records:
+        error = float((torch.tensor(record["gradient"], dtype=torch.float64) - reference).abs().max())
+        assert error <= rtol * float(reference.abs().max()), (precision, error, reference)
+
+
 def test_two_ranks_agree_on_a_missing_key(two_ranks):
     errors = [r["error/missing_key"]["error"] for r in two_ranks]
     assert "loss_mask_key='no_such_mask' is not in the micro-batch" in errors[1]
@@ -207,3 +289,56 @@ def test_two_ranks_that_disagree_on_dummies_both_raise(two_ranks):
     errors = [r["error/mismatched_dummies"] for r in two_ranks]
     assert errors[0] == errors[1] and errors[0]["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS
     assert "dummy_micro_batches from 0 to 1" in errors[0]["error"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Context parallel: 2 DP x 2 CP gloo ranks, each CP rank with its shard of every sequence
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp_cp_ranks(tmp_path_factory):
+    from . import loss_cp_workers
+    from .test_distributed import spawn_ranks
+
+    out = tmp_path_factory.mktemp("loss_cp")
+    world = loss_cp_workers.DP * loss_cp_workers.CP
+    exit_codes = spawn_ranks([(loss_cp_workers.worker_main, world, (world, str(out / "init"), str(out)))], deadline_s=240)
+    records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+    for record in records:
+        assert "__crash__" not in record, record["__crash__"]
+    assert exit_codes == [[0] * world]
+    return records
+
+
+@pytest.mark.parametrize("mode", workers.MODES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_context_parallel_shards_with_cp_group_equal_the_full_batch_gradient(dp_cp_ranks, mode, reduction):
+    records = [r[f"{mode}/{reduction}"] for r in dp_cp_ranks]
+    assert records[0]["indices"] == records[1]["indices"] and records[2]["indices"] == records[3]["indices"]
+    assert any(part == [] for part in records[2]["indices"]), "replica 1 must be short and get dummies"
+    reference = reference_gradient(all_samples(), mode)
+    for record in records:
+        error = float((torch.tensor(record["gradient"], dtype=torch.float64) - reference).abs().max())
+        assert error <= RTOL_FLOAT64 * float(reference.abs().max()), (error, reference)
+
+
+@pytest.mark.parametrize("mode, reduction", [("token-mean", "sum"), ("seq-mean-token-mean", "mean"),
+                                             ("seq-mean-token-sum", "mean")])
+def test_context_parallel_shards_counted_over_dp_alone_are_wrong(dp_cp_ranks, mode, reduction):
+    """prime-rl's miscount (its issue #2562): without cp_group the counts are the shards'."""
+    gradient = torch.tensor(dp_cp_ranks[0][f"{mode}/{reduction}/dp-only"]["gradient"], dtype=torch.float64)
+    reference = reference_gradient(all_samples(), mode)
+    assert float((gradient - reference).abs().max()) > 0.05 * float(reference.abs().max())
+
+
+def test_context_parallel_errors_are_agreed_by_all_four_ranks(dp_cp_ranks):
+    errors = [r["error/missing_key"]["error"] for r in dp_cp_ranks]
+    assert "loss_mask_key='no_such_mask' is not in the micro-batch" in errors[3]
+    assert "rank 1 of the context-parallel group (global rank 3) failed" in errors[2]
+    assert all("rank 1 of the data-parallel group" in error for error in errors[:2]), errors[:2]
+    mismatched = [r["error/more_samples"] for r in dp_cp_ranks]
+    assert all(record["code"] == MicroBatchPlanError.MISMATCHED_ARGUMENTS for record in mismatched), mismatched
+    assert mismatched[2]["error"] == mismatched[3]["error"]
+    assert "the ranks of cp_group hold different numbers of samples" in mismatched[2]["error"]
+    assert all("rank 1 of the data-parallel group" in record["error"] for record in mismatched[:2])

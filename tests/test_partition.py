@@ -286,7 +286,8 @@ def test_capped_partition_keeps_kk_when_within_cap():
 
 def test_capped_partition_out_of_range_counts():
     assert capped_balanced_partitions([1, 2], [1, 2], 10, 3) is None
-    assert capped_balanced_partitions([1, 2], [1, 2], 10, 0) is None
+    with pytest.raises(ValueError, match="k must be a positive int"):  # no count of parts, not "none found"
+        capped_balanced_partitions([1, 2], [1, 2], 10, 0)
 
 
 def test_smallest_feasible_respects_step_and_minimum():

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..validation import IntSequence, as_int_array, check_capacity, check_count
+from ..validation import IntSequence, as_int_array, check_capacity, int_argument
 from .feasibility import _fit_in, _Try
 from .greedy import _capped_greedy
 from .kk import CHUNKED_KK_MIN_ITEMS, _balanced_parts
@@ -84,9 +84,9 @@ def capped_balanced_partitions(
     size = as_int_array(tokens, "tokens", negative=False)
     work = as_int_array(workloads, "workloads", negative=False)
     capacity = check_capacity(capacity)
-    k = check_count(k, "k")
+    k = int_argument("k", k, expected="a positive int (the number of parts)")
     n = len(size)
-    if k < 1 or k > n:
+    if k > n:
         return None
     if len(work) != n:
         raise ValueError(f"tokens has {n} entries but workloads has {len(work)}")

@@ -17,7 +17,7 @@ from itertools import repeat
 
 import numpy as np
 
-from ..validation import IntSequence, as_int_array, check_count
+from ..validation import IntSequence, as_int_array, check_count, flag_argument
 from .parts import _groups_from_assignment, _part_sums, ceildiv
 
 # Tuning: where the chunked KK takes over.
@@ -74,6 +74,7 @@ def karmarkar_karp(seqlen_list: IntSequence, k_partitions: int, equal_size: bool
     """
     values = as_int_array(seqlen_list, "seqlen_list", negative=False)
     k_partitions = check_count(k_partitions, "k_partitions")
+    equal_size = flag_argument("equal_size", equal_size)
     n, k = len(values), int(k_partitions)
     if k < 1:
         raise ValueError(f"k_partitions must be >= 1, got {k_partitions}")
@@ -335,8 +336,9 @@ def get_seqlen_balanced_partitions(
     >>> get_seqlen_balanced_partitions([1, 2, 3, 4], 2, equal_size=True)
     [[0, 3], [1, 2]]
     """
+    values = as_int_array(seqlen_list, "seqlen_list", negative=False)  # before len(): a 0-d array has none
     k_partitions = check_count(k_partitions, "k_partitions")
-    n = len(seqlen_list)
+    n = len(values)
     if k_partitions < 1 or n < k_partitions:
         raise ValueError(f"number of items [{n}] < k_partitions [{k_partitions}] (or k_partitions < 1)")
-    return karmarkar_karp(seqlen_list, k_partitions, equal_size)
+    return karmarkar_karp(values, k_partitions, equal_size)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..cost import CostModel, as_cost_model
 from ..partition.parts import _part_sums
+from ..validation import int_argument
 from .arguments import _lengths_array
 from .errors import LengthsLike, MicroBatchPlanError
 
@@ -38,8 +39,11 @@ def dummy_source(lengths: LengthsLike, force_group_size: int = 1, cost_model: Un
         [0, 1]
     """
     array = _lengths_array(lengths)
-    g = int(force_group_size)
-    if g < 1 or len(array) % g:
+    try:
+        g = int_argument("force_group_size", force_group_size, expected="an int >= 1")
+    except ValueError as error:
+        raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_ARGUMENT) from None
+    if len(array) % g:
         raise MicroBatchPlanError(
             f"force_group_size={force_group_size} does not divide the batch size {len(array)}", MicroBatchPlanError.BAD_BATCH
         )

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..metrics import log_seqlen_unbalance
 from ..partition import karmarkar_karp
-from ..validation import int_argument
+from ..validation import int_argument, int_array
 from .inputs import WorkloadFn, _groups, _lengths_array, _workloads
 
 
@@ -90,6 +90,7 @@ def get_group_balanced_partitions(
         >>> get_group_balanced_partitions([5, 5, 1, 1], ["a", "a", "b", "b"], 2)
         [[0, 1], [2, 3]]
     """
+    seqlen_list = int_array(seqlen_list, "seqlen_list", sums=False)  # before len(): a 0-d array has none
     if len(seqlen_list) != len(uid_list):
         raise ValueError(f"seqlen_list has {len(seqlen_list)} entries but uid_list has {len(uid_list)}")
     return balance_batch(seqlen_list, k_partitions, equal_size=True, group_ids=uid_list)[0]

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..cost import padded_min_count, padded_partitions
 from ..partition import roundup_divisible
-from ..workload import calculate_workload
+from ..workload import balance_workloads
 from .divisor import _too_few_groups
 from .dp_schedule import DPSchedule, _schedule_of
 from .inputs import WorkloadFn, _workloads
@@ -58,7 +58,7 @@ def _padded_schedule(
 
 
 def _padded_model(workload_fn: Optional[WorkloadFn]) -> Callable[[np.ndarray], np.ndarray]:
-    return (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else calculate_workload
+    return (lambda lengths: _workloads(lengths, workload_fn)) if workload_fn is not None else balance_workloads
 
 
 def _padded_work(
