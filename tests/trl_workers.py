@@ -6,7 +6,8 @@ Modes:
 - ``sft``: TRL's ``SFTTrainer`` with ``padding_free=True`` (token cost), a few optimizer steps;
   records every forward's tokens, the losses and the step count.
 - ``trainer``: plain ``Trainer`` with a padding collator (padded cost), same records.
-- ``exact``: one SGD step (lr 1, float64, no clipping, no decay) of ``SFTTrainer``; records
+- ``exact``: one SGD step (lr 1, float64, no clipping, no decay) of ``Trainer`` with TRL's
+  padding-free collator (transformers' ``num_items_in_batch`` loss path); records
   the parameter update and the step's samples, for the test to compare with the gradient of
   one full-batch token-mean loss.
 - ``overcap``: one sample over the cap; records the error.
@@ -38,7 +39,7 @@ def tiny_model(dtype=torch.float32):
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        num_key_value_heads=2, max_position_embeddings=256, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     config._attn_implementation = "sdpa"
     return LlamaForCausalLM(config).to(dtype)
@@ -125,6 +126,23 @@ def run(mode: str, record: dict, out: Path) -> None:
                 return batch
 
             trainer = Trainer(model=model, args=args, train_dataset=labelled, data_collator=collate)
+        elif mode == "exact":
+            # transformers' own loss path: Trainer.compute_loss passes num_items_in_batch to the
+            # model's loss; TRL's padding-free collator (TRL's SFTTrainer computes its loss with a
+            # fused LM head instead, which matches it only to ~1e-4 in float64); the per-token loss
+            # in float64 through compute_loss_func, which Trainer hands num_items_in_batch
+            from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+            def summed_token_loss(outputs, labels, num_items_in_batch):
+                # the model's own ForCausalLMLoss casts logits to float32; the same sum in float64
+                logits = outputs.logits[0, :-1]
+                targets = labels[0, 1:]
+                total = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+                return total / num_items_in_batch
+
+            args = TrainingArguments(**common, remove_unused_columns=False)
+            trainer = Trainer(model=model, args=args, train_dataset=dataset, compute_loss_func=summed_token_loss,
+                              data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
         else:
             args = SFTConfig(**common, padding_free=True, max_length=None, dataset_num_proc=None)
             trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
@@ -142,7 +160,7 @@ def run(mode: str, record: dict, out: Path) -> None:
     record["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     if mode == "exact":
         record["delta"] = {name: (before[name] - p.detach()).tolist() for name, p in model.named_parameters()}
-        record["rows"] = rows
+        record["rows"] = [list(ids) for ids in trainer.train_dataset["input_ids"]]  # as trained (TRL may add EOS)
 
 
 if __name__ == "__main__":
