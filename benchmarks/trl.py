@@ -138,6 +138,11 @@ def timed(fn: Callable):
 def run(limit: Optional[int] = None, cap: int = CAP, worlds=WORLDS, log=print) -> tuple[list[Row], list[str]]:
     rows: list[Row] = []
     notes: list[str] = []
+    for module in ("torch.utils.data", "datasets", "trl.data_utils", "transformers.trainer_pt_utils"):
+        try:  # imports are not planning time
+            __import__(module)
+        except ImportError:
+            pass
     for name, lengths in length_lists(limit).items():
         lengths = np.asarray(lengths, dtype=np.int64)
         batch = max(1, round(cap / float(lengths.mean())))
