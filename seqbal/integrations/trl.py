@@ -34,7 +34,7 @@ import importlib
 import warnings
 from typing import Any, ContextManager, Optional, Union
 
-from ._patching import Patch, installed_while, undo_all
+from ._patching import Patch, apply_all, installed_while, undo_all
 from .token_budget import TokenBudgetBatchSampler, pack_rows
 
 __all__ = [
@@ -155,10 +155,7 @@ def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> 
     trainer = module.Trainer
     if not _patches and vars(trainer)[_NAME] is not _get_train_sampler:
         _patches.append(Patch(trainer, _NAME, _get_train_sampler))
-    changed = []
-    for patch in _patches:
-        changed.extend(patch.apply())
-    return changed
+    return apply_all(_patches)
 
 
 def uninstall() -> list[tuple[str, str]]:
