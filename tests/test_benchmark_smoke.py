@@ -91,3 +91,15 @@ def test_exact_counts_harness_runs(capsys):
 
     assert exact_counts.main(["--cases", "300"]) == 0
     assert "above the exact optimum on" in capsys.readouterr().out
+
+
+def test_trl_benchmark_smoke():
+    """benchmarks.trl on small slices: every route whose package is here runs, seqbal meets the
+    done-when targets (no forward over the cap, equal steps, imbalance no worse than TRL's)."""
+    from benchmarks import trl as trl_bench
+
+    rows, notes = trl_bench.run(limit=200, cap=4096, worlds=(4,), log=lambda *_: None)
+    assert rows and all(r.route != "seqbal" or (r.over_cap == 0 and "/" not in r.steps) for r in rows)
+    assert {r.route for r in rows} | {n.split(":")[0] for n in notes} == {"trl-padding-free", "trl-bfd", "hf-rebalance", "seqbal"}
+    assert trl_bench.done_when(rows) == []
+    assert len(trl_bench.format_table(rows).splitlines()) == 2 + len(rows)

@@ -24,11 +24,13 @@ def _loaded_after(code: str) -> str:
         "import seqbal; seqbal.plan_data_parallel([[1, 2], [3]], 4)",
         "import seqbal; seqbal.build_dp_schedule([5, 3, 8, 1], max_token_len=8, dp_size=2)",
         "import seqbal; seqbal.karmarkar_karp([4, 5, 6], 2, False); seqbal.calculate_workload([3])",
+        "from seqbal.integrations.trl import TokenBudgetBatchSampler, pack_rows\n"
+        "list(TokenBudgetBatchSampler([3, 5, 2], 8, num_replicas=1, rank=0)); pack_rows([3, 5], 8)",
         "from seqbal.cli import main; import contextlib, io\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        main(['plan', '--help'])\n    except SystemExit:\n        pass",
     ],
-    ids=["plan_micro_batches", "plan_data_parallel", "build_dp_schedule", "partition", "cli_help"],
+    ids=["plan_micro_batches", "plan_data_parallel", "build_dp_schedule", "partition", "trl_sampler", "cli_help"],
 )
 def test_planning_does_not_import_torch(code: str) -> None:
     assert _loaded_after(code) == "[]"

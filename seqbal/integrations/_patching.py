@@ -81,6 +81,14 @@ class Patch:
         return sorted(set(changed))
 
 
+def apply_all(patches: Iterable[Patch]) -> list[tuple[str, str]]:
+    """Apply every patch, first first; returns every pair now pointing to a wrapper."""
+    changed: list[tuple[str, str]] = []
+    for patch in patches:
+        changed.extend(patch.apply())
+    return changed
+
+
 def undo_all(patches: Iterable[Patch]) -> list[tuple[str, str]]:
     """Undo every patch, last first; returns every pair restored."""
     changed: list[tuple[str, str]] = []

@@ -28,7 +28,7 @@ import functools
 import importlib
 from typing import Any, ContextManager, Optional, Sequence
 
-from ._patching import Patch, installed_while, undo_all
+from ._patching import Patch, apply_all, installed_while, undo_all
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "allocate_balanced_mbs_synced"]
 
@@ -72,10 +72,7 @@ def install() -> list[tuple[str, str]]:
         ) from error
     if not _patches and vars(module)[_NAME] is not _wrapper():
         _patches.append(Patch(module, _NAME, _wrapper(), everywhere=True))
-    changed = []
-    for patch in _patches:
-        changed.extend(patch.apply())
-    return changed
+    return apply_all(_patches)
 
 
 def uninstall() -> list[tuple[str, str]]:

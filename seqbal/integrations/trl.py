@@ -1,0 +1,181 @@
+"""Make transformers' ``Trainer`` (so TRL's ``SFTTrainer``) train under a token budget: one
+call, :func:`install`, and :func:`uninstall`.
+
+transformers 5.24.0 builds the training dataloader in ``Trainer._get_dataloader`` from
+``Trainer._get_train_sampler``; a sampler that is a ``BatchRebalanceSampler`` is handed to the
+``DataLoader`` as its *batch* sampler, and accelerate's re-sharding of it is turned off (it is
+already rank-aware). :func:`install` rebinds ``Trainer._get_train_sampler`` to one that returns a
+:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` of a subclass that is also a
+``BatchRebalanceSampler``, so it rides that hook unchanged: every micro-batch within
+``max_token_len``, the same count on every rank (a multiple of
+``gradient_accumulation_steps``), slot-balanced across ranks, no collective. A subclass of
+``Trainer`` that overrides ``_get_train_sampler`` itself is left alone.
+
+Lengths: the column ``args.length_column_name`` (default ``"length"``) of the dataset the
+Trainer hands to the sampler when it is there (it survives only with
+``remove_unused_columns=False``), else ``len(input_ids)`` of every row (TRL's packed rows
+included). ``per_device_train_batch_size`` then no longer limits a micro-batch: it only enters
+transformers' logged ``total_train_batch_size`` and sample-count estimates; a warning says so,
+once.
+
+The loss: transformers counts ``num_items_in_batch`` (the label tokens of the step's
+``gradient_accumulation_steps`` micro-batches, summed over ranks with ``average_tokens_across_devices``)
+and divides every micro-batch's summed loss by it, so the accumulated gradient is the step's
+token-mean loss however the tokens fall into micro-batches (tested gradient-exact).
+
+transformers is imported only when :func:`install` runs; a transformers without
+``BatchRebalanceSampler`` (before 5.24.0) is an ``ImportError`` that says so. :func:`uninstall`
+restores transformers' method wherever seqbal's wrapper is still bound.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, ContextManager, Optional, Union
+
+from ._patching import Patch, apply_all, installed_while, undo_all
+from .token_budget import TokenBudgetBatchSampler, pack_rows
+
+__all__ = [
+    "install",
+    "uninstall",
+    "installed",
+    "is_installed",
+    "TokenBudgetBatchSampler",
+    "pack_rows",
+    "dataset_lengths",
+]
+
+#: The transformers module whose ``Trainer`` method seqbal replaces, and the method's name.
+TRAINER_MODULE = "transformers.trainer"
+_NAME = "_get_train_sampler"
+#: The transformers version the adapter is tested with.
+TESTED = "transformers 5.24.0, trl 1.16.0, accelerate 1.15.0, datasets 5.2.0"
+
+_patches: list[Patch] = []
+_settings: dict[str, Any] = {}
+_classes: dict[str, type] = {}
+_warned: list[bool] = []
+
+
+def dataset_lengths(dataset: Any, length_column: Optional[str] = "length", input_name: str = "input_ids") -> list[int]:
+    """The tokens of every row of a training dataset: its ``length_column`` if it has one, else
+    ``len(row[input_name])``. O(rows) (O(tokens) when read from ``input_ids``).
+
+    Raises:
+        ValueError: a row without ``input_name`` and no length column.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is not None and length_column in columns:
+        return [int(x) for x in dataset[length_column]]
+    if columns is not None and input_name in columns:
+        return [len(x) for x in dataset[input_name]]
+    lengths = []
+    for index in range(len(dataset)):
+        row = dataset[index]
+        if not hasattr(row, "keys") or input_name not in row:
+            raise ValueError(
+                f"seqbal's token-budget sampler needs every training row to have {input_name!r} (or the dataset a "
+                f"{length_column!r} column); row {index} has {sorted(row) if hasattr(row, 'keys') else type(row).__name__}"
+            )
+        lengths.append(len(row[input_name]))
+    return lengths
+
+
+def _sampler_class(base: type) -> type:
+    """TokenBudgetBatchSampler that is also transformers' ``BatchRebalanceSampler``, so that
+    ``Trainer._get_dataloader`` passes it as the batch sampler. Made once per process."""
+    if "cls" not in _classes:
+        _classes["cls"] = type("TrainerTokenBudgetBatchSampler", (TokenBudgetBatchSampler, base), {})
+    return _classes["cls"]
+
+
+def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
+    """``Trainer._get_train_sampler`` with seqbal's token-budget batch sampler."""
+    dataset = self.train_dataset if train_dataset is None else train_dataset
+    if dataset is None or not hasattr(dataset, "__len__"):
+        return _patches[0].original(self, train_dataset) if _patches else None
+    args = self.args
+    collator = getattr(self, "data_collator", None)
+    cost_model = _settings.get("cost_model")
+    if cost_model is None:
+        cost_model = None if getattr(collator, "padding_free", False) else "padded"
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(
+            f"seqbal: per_device_train_batch_size={args.per_device_train_batch_size} no longer limits a micro-batch; "
+            f"each holds at most max_token_len={_settings['max_token_len']} tokens "
+            f"({'padded cost' if cost_model == 'padded' else 'token cost'}) and as many samples as fit. It only "
+            "enters transformers' logged total_train_batch_size.",
+            stacklevel=2,
+        )
+    module = importlib.import_module("transformers.trainer_pt_utils")
+    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
+    world = max(1, args.world_size)
+    return _sampler_class(module.BatchRebalanceSampler)(
+        dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
+        _settings["max_token_len"],
+        num_replicas=world,
+        rank=args.process_index if world > 1 else 0,
+        seed=seed,
+        cost_model=cost_model,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+    )
+
+
+def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> list[tuple[str, str]]:
+    """Make every transformers ``Trainer`` (TRL's ``SFTTrainer`` included) build its training
+    dataloader from :class:`TokenBudgetBatchSampler` under ``max_token_len``. Call it in every
+    training process before ``trainer.train()``. Idempotent; a second call changes the cap.
+
+    Args:
+        max_token_len: hard cap on every micro-batch's cost.
+        cost_model: :class:`seqbal.CostModel` or its name; default: token cost when the
+            trainer's collator is padding-free (``padding_free=True``), padded cost otherwise.
+
+    Returns:
+        the ``(owner, attribute)`` pairs that now point to seqbal.
+
+    Raises:
+        ImportError: transformers missing, or older than 5.24.0 (no ``BatchRebalanceSampler``).
+        ValueError: ``max_token_len`` not a positive int.
+    """
+    if isinstance(max_token_len, bool) or not isinstance(max_token_len, int) or max_token_len < 1:
+        raise ValueError(f"max_token_len must be a positive int, got {max_token_len!r}")
+    try:
+        module = importlib.import_module(TRAINER_MODULE)
+        importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
+    except (ImportError, AttributeError) as error:
+        raise ImportError(
+            f"seqbal.integrations.trl needs transformers >= 5.24.0 (tested with {TESTED}): "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    _settings.update(max_token_len=max_token_len, cost_model=cost_model)
+    trainer = module.Trainer
+    if not _patches and vars(trainer)[_NAME] is not _get_train_sampler:
+        _patches.append(Patch(trainer, _NAME, _get_train_sampler))
+    return apply_all(_patches)
+
+
+def uninstall() -> list[tuple[str, str]]:
+    """Undo :func:`install`; does nothing if seqbal is not installed.
+
+    Returns:
+        the ``(owner, attribute)`` pairs that point to transformers' method again.
+    """
+    changed = undo_all(_patches)
+    _patches.clear()
+    _settings.clear()
+    return changed
+
+
+def is_installed() -> bool:
+    """True between :func:`install` and :func:`uninstall`."""
+    return bool(_patches)
+
+
+def installed(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> ContextManager[list[tuple[str, str]]]:
+    """``with installed(cap): ...`` runs the block with seqbal installed, then uninstalls it (if
+    it was not installed before the block)."""
+    return installed_while(lambda: install(max_token_len, cost_model=cost_model), uninstall, is_installed)

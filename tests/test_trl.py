@@ -1,0 +1,124 @@
+"""seqbal's token budget inside a real transformers ``Trainer`` and TRL ``SFTTrainer`` (CPU, a
+tiny Llama built from a config), on 1 rank and on 2 gloo ranks through
+``python -m torch.distributed.run``; see ``tests/trl_workers.py`` for what each mode runs.
+
+Skipped without trl and transformers 5.24 (CI installs them in their own environment). Every
+launch has a hard deadline: the launcher is killed and the test fails past ``DEADLINE_S``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("trl")
+if not hasattr(pytest.importorskip("transformers.trainer_pt_utils"), "BatchRebalanceSampler"):
+    pytest.skip("needs transformers >= 5.24.0", allow_module_level=True)
+
+import torch  # noqa: E402
+
+from . import trl_workers as workers  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE_S = 240
+GA = 2
+
+
+def launch(mode: str, world: int, tmp_path: Path) -> list[dict]:
+    out = tmp_path / f"{mode}-{world}"
+    out.mkdir()
+    script = str(ROOT / "tests" / "trl_workers.py")
+    if world == 1:
+        command = [sys.executable, script, mode, "--out", str(out)]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                   script, mode, "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"{mode} on {world} rank(s) still running after {DEADLINE_S} s (killed): {error.stderr!s:.2000}")
+    records = [out / f"rank{rank}.json" for rank in range(world)]
+    missing = [str(path) for path in records if not path.exists()]
+    assert not missing, f"exit {done.returncode}, no record {missing}: {done.stderr[-3000:]}"
+    return [json.loads(path.read_text()) for path in records]
+
+
+def check_training(records: list[dict], cost: str) -> None:
+    world = len(records)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    assert all(r["sampler"] == "TrainerTokenBudgetBatchSampler" for r in records)
+    assert len({r["len"] for r in records}) == 1 and records[0]["len"] % GA == 0
+    assert len({r["global_step"] for r in records}) == 1
+    assert records[0]["global_step"] == 2 * records[0]["len"] // GA  # 2 epochs, every step GA micro-batches
+    for r in records:
+        assert len(r["forwards"]) == 2 * r["len"]  # every micro-batch forwarded once per epoch
+        assert max(r["forwards"]) <= workers.CAP, (cost, max(r["forwards"]))
+        assert r["losses"][-1] < 0.5 * r["losses"][0]
+        assert len(r["warnings"]) == 1 and "per_device_train_batch_size" in r["warnings"][0]
+    plan = records[0]["plan"]
+    assert all(r["plan"] == plan for r in records) and len(plan) == world
+    seen = sorted(i for rank in plan for mb in rank for i in mb)
+    assert seen == list(range(160))  # every sample exactly once per epoch
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sft_trainer_under_the_cap(world, tmp_path):
+    check_training(launch("sft", world, tmp_path), "tokens")
+
+
+def test_plain_trainer_padded_cost_two_ranks(tmp_path):
+    check_training(launch("trainer", 2, tmp_path), "padded")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_one_step_is_the_gradient_of_the_full_batch_token_mean(world, tmp_path):
+    records = launch("exact", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    rows = records[0]["rows"]
+    step = sorted(i for r in records for mb in r["plan"][r["rank"]][:GA] for i in mb)
+    model = workers.tiny_model(torch.float64)
+    total, count = 0, 0
+    for index in step:  # one forward per sample: no packing, no accumulation
+        ids = torch.tensor([rows[index]])
+        logits = model(input_ids=ids).logits[0, :-1]
+        total = total + torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
+        count += ids.shape[1] - 1
+    (total / count).backward()
+    assert len(step) < len(rows)  # the step is a strict, variable part of the dataset
+    for name, parameter in model.named_parameters():
+        for r in records:
+            delta = torch.tensor(r["delta"][name], dtype=torch.float64)  # lr 1 SGD: the gradient
+            assert torch.allclose(delta, parameter.grad, rtol=0, atol=1e-9), (name, float((delta - parameter.grad).abs().max()))
+
+
+def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
+    records = launch("overcap", 2, tmp_path)
+    for r in records:
+        assert "exceeds max_token_len=96" in r.get("error", ""), r
+        assert f"{workers.CAP + 5} tokens" in r["error"]
+
+
+def test_install_uninstall_restores_only_its_own_patch():
+    import seqbal.integrations.trl as seqbal_trl
+    from transformers import Trainer
+
+    original = vars(Trainer)["_get_train_sampler"]
+    assert seqbal_trl.install(64) == [("Trainer", "_get_train_sampler")] and seqbal_trl.is_installed()
+    assert seqbal_trl.install(128) == []  # idempotent, the cap changes
+    assert seqbal_trl.uninstall() == [("Trainer", "_get_train_sampler")] and not seqbal_trl.is_installed()
+    assert vars(Trainer)["_get_train_sampler"] is original
+    with seqbal_trl.installed(64):
+        assert vars(Trainer)["_get_train_sampler"] is not original
+        theirs = lambda self, train_dataset=None: None  # noqa: E731 - someone patches after install
+        Trainer._get_train_sampler = theirs
+    assert vars(Trainer)["_get_train_sampler"] is theirs  # left alone
+    Trainer._get_train_sampler = original
+    with pytest.raises(ValueError, match="max_token_len must be a positive int"):
+        seqbal_trl.install(0)

@@ -1,0 +1,167 @@
+"""One training run of a real transformers ``Trainer`` or TRL ``SFTTrainer`` under seqbal's token
+budget, on CPU, for ``tests/test_trl.py``; launched with ``python -m torch.distributed.run``
+(or plainly for one rank). Writes one JSON record per rank to ``--out``.
+
+Modes:
+- ``sft``: TRL's ``SFTTrainer`` with ``padding_free=True`` (token cost), a few optimizer steps;
+  records every forward's tokens, the losses and the step count.
+- ``trainer``: plain ``Trainer`` with a padding collator (padded cost), same records.
+- ``exact``: one SGD step (lr 1, float64, no clipping, no decay) of ``Trainer`` with TRL's
+  padding-free collator (transformers' ``num_items_in_batch`` loss path); records
+  the parameter update and the step's samples, for the test to compare with the gradient of
+  one full-batch token-mean loss.
+- ``overcap``: one sample over the cap; records the error.
+
+Every rank's process group has a short timeout; the test kills the launcher at its deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+CAP = 96
+VOCAB = 48
+
+
+def tiny_model(dtype=torch.float32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=256, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config).to(dtype)
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t3"))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", bos_token="t1", eos_token="t2", unk_token="t3")
+
+
+def dataset_rows(count: int, seed: int, over: bool = False) -> list[dict]:
+    """Learnable rows: each counts up by one from a random start (mod the vocabulary)."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        length = rng.randint(4, 40)
+        if over and index == count // 2:
+            length = CAP + 5
+        start = rng.randint(4, VOCAB - 1)
+        rows.append({"input_ids": [4 + (start + k) % (VOCAB - 4) for k in range(length)]})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap"))
+    parser.add_argument("--out", required=True)
+    options = parser.parse_args()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:
+        torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    torch.set_num_threads(1)
+    record = {"rank": rank, "world": world}
+    try:
+        run(options.mode, record, Path(options.out))
+    except ValueError as error:
+        record["error"] = str(error)
+    Path(options.out, f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def run(mode: str, record: dict, out: Path) -> None:
+    import datasets
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    import seqbal.integrations.trl as seqbal_trl
+
+    dtype = torch.float64 if mode == "exact" else torch.float32
+    model = tiny_model(dtype)
+    forwards: list[int] = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append(int(kwargs["input_ids"].numel())), with_kwargs=True
+    )
+    rows = dataset_rows(24 if mode == "exact" else 160, seed=1, over=mode == "overcap")
+    dataset = datasets.Dataset.from_list(rows)
+    common = dict(
+        output_dir=str(out / "run"), report_to=[], save_strategy="no", logging_steps=1, use_cpu=True,
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, disable_tqdm=True, seed=0,
+    )
+    if mode == "exact":
+        common.update(learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0,
+                      max_grad_norm=0.0, max_steps=1, warmup_steps=0)
+    else:
+        common.update(learning_rate=3e-2, num_train_epochs=2, lr_scheduler_type="constant")
+    with warnings.catch_warnings(record=True) as caught, seqbal_trl.installed(CAP):
+        warnings.simplefilter("always")
+        if mode == "trainer":
+            args = TrainingArguments(**common, remove_unused_columns=True)
+            labelled = dataset.map(lambda row: {"labels": row["input_ids"], "attention_mask": [1] * len(row["input_ids"])})
+            tokenizer = tiny_tokenizer()
+
+            def collate(features):
+                batch = DataCollatorWithPadding(tokenizer)([{"input_ids": f["input_ids"], "attention_mask": f["attention_mask"]} for f in features])
+                labels = batch["input_ids"].clone()
+                labels[batch["attention_mask"] == 0] = -100
+                batch["labels"] = labels
+                return batch
+
+            trainer = Trainer(model=model, args=args, train_dataset=labelled, data_collator=collate)
+        elif mode == "exact":
+            # transformers' own loss path: Trainer.compute_loss passes num_items_in_batch to the
+            # model's loss; TRL's padding-free collator (TRL's SFTTrainer computes its loss with a
+            # fused LM head instead, which matches it only to ~1e-4 in float64); the per-token loss
+            # in float64 through compute_loss_func, which Trainer hands num_items_in_batch
+            from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+            def summed_token_loss(outputs, labels, num_items_in_batch):
+                # the model's own ForCausalLMLoss casts logits to float32; the same sum in float64
+                logits = outputs.logits[0, :-1]
+                targets = labels[0, 1:]
+                total = torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+                return total / num_items_in_batch
+
+            args = TrainingArguments(**common, remove_unused_columns=False)
+            trainer = Trainer(model=model, args=args, train_dataset=dataset, compute_loss_func=summed_token_loss,
+                              data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
+        else:
+            args = SFTConfig(**common, padding_free=True, max_length=None, dataset_num_proc=None)
+            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        dataloader = trainer.get_train_dataloader()
+        sampler = dataloader.batch_sampler
+        sampler = getattr(sampler, "batch_sampler", sampler)  # accelerate's shard wrapper on >1 rank
+        record["sampler"] = type(sampler).__name__
+        record["len"] = len(dataloader)
+        record["plan"] = sampler.epoch_plan(0)
+        result = trainer.train()
+    record["warnings"] = [str(w.message) for w in caught if "seqbal" in str(w.message)]
+    record["forwards"] = forwards
+    record["global_step"] = result.global_step
+    record["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if mode == "exact":
+        record["delta"] = {name: (before[name] - p.detach()).tolist() for name, p in model.named_parameters()}
+        record["rows"] = [list(ids) for ids in trainer.train_dataset["input_ids"]]  # as trained (TRL may add EOS)
+
+
+if __name__ == "__main__":
+    main()
