@@ -5,12 +5,13 @@ one and two ranks under a hard deadline, must pass, and the shell wrapper must p
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .deadline import run_with_deadline
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 180
@@ -19,17 +20,7 @@ DEADLINE_S = 180
 def _run(command: list[str]) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(ROOT)) if p)
-    # A session of its own, so that a run past the deadline is killed with every rank torchrun
-    # started (killing torchrun alone leaves its ranks waiting in a collective).
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"{command} did not finish within {DEADLINE_S} s:\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=" ".join(command))
 
 
 def test_shell_wrapper_parses():

@@ -25,8 +25,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -37,6 +35,7 @@ import pytest
 import seqbal
 import seqbal.integrations.openrlhf
 
+from .deadline import run_with_deadline
 from .invariants import assert_plan_invariants
 
 CAP = 4096
@@ -178,17 +177,10 @@ def ray_run(tmp_path_factory):
     # holds: `python -c` puts that first on sys.path, so it runs in an empty one).
     seqbal_root = str(Path(seqbal.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([seqbal_root, str(REPO)]))
-    process = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=str(work), env=env, start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"the Ray run passed its {DEADLINE_S} s deadline (killed):\n{output[-4000:]}")
-    assert process.returncode == 0 and out.exists(), output[-6000:]
+    done = run_with_deadline([sys.executable, "-c", code], deadline_s=DEADLINE_S, cwd=str(work), env=env,
+                             what="the Ray run", merge_stderr=True)
+    output = done.stdout
+    assert done.returncode == 0 and out.exists(), output[-6000:]
     return json.loads(out.read_text())
 
 

@@ -128,17 +128,22 @@ def test_loss_weights_make_the_accumulated_gradient_the_step_token_mean():
         for row, i in enumerate(mb):
             mask[row, : lengths[i]] = 1
         micro.append({"response_mask": mask})
-    weights = loss_weights(micro, step)
+    # loss_weights takes each micro-batch's places in the step's batch (the step's samples in
+    # order), not the dataset indices the sampler yields
+    places, start = [], 0
+    for mb in step:
+        places.append(list(range(start, start + len(mb))))
+        start += len(mb)
+    weights = loss_weights(micro, places, dtype=torch.float64)
     tokens = sum(lengths[i] for mb in step for i in mb)
-    assert all(torch.equal(w, torch.full_like(w, 1 / tokens)) for w in weights)  # 1/N, as float32
+    assert all(torch.equal(w, torch.full_like(w, 1 / tokens)) for w in weights)  # 1/N
     for mb, batch, w in zip(step, micro, weights):
         token_loss = torch.zeros(len(mb), width, dtype=torch.float64)
         for row, i in enumerate(mb):
             token_loss[row, : lengths[i]] = (data[i] @ weight) ** 2
-        (token_loss * batch["response_mask"] * w[:, None].double()).sum().backward()
+        (token_loss * batch["response_mask"] * w[:, None]).sum().backward()
     accumulated = weight.grad.clone()
     weight.grad = None
     everything = torch.cat([data[i] for mb in step for i in mb])
     ((everything @ weight) ** 2).mean().backward()
-    # the weights are float32 (loss_weights' documented dtype): exact up to its rounding of 1/N
-    assert torch.allclose(accumulated, weight.grad, rtol=2e-7, atol=0)
+    assert torch.allclose(accumulated, weight.grad, rtol=1e-9, atol=0)  # float64 weights: exact
