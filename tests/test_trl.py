@@ -98,6 +98,23 @@ def test_one_step_is_the_gradient_of_the_full_batch_token_mean(world, tmp_path):
             assert torch.allclose(delta, parameter.grad, rtol=0, atol=1e-9), (name, float((delta - parameter.grad).abs().max()))
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_resuming_mid_epoch_gives_the_remaining_batches(world, tmp_path):
+    """A run resumed one step into epoch 1 forwards exactly what the uninterrupted run forwarded
+    from that step on, rank by rank (accelerate's shard and skip wrappers do not forward
+    set_epoch; the sampler must still be in epoch 1)."""
+    records = launch("resume", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    for r in records:
+        per_epoch = r["steps_per_epoch"] * GA
+        full, resumed = r["full"], r["resumed"]
+        assert per_epoch >= 2 * GA and len(full) == 2 * per_epoch
+        assert full[:per_epoch] != full[per_epoch:]  # epoch 1 is reshuffled: the check has teeth
+        assert r["global_step"] == 2 * r["steps_per_epoch"]
+        assert resumed == full[r["resume_step"] * GA:], r["rank"]
+    assert world == 1 or records[0]["full"] != records[1]["full"]  # each rank its own micro-batches
+
+
 def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
     records = launch("overcap", 2, tmp_path)
     for r in records:

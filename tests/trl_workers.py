@@ -11,6 +11,9 @@ Modes:
   the parameter update and the step's samples, for the test to compare with the gradient of
   one full-batch token-mean loss.
 - ``overcap``: one sample over the cap; records the error.
+- ``resume``: plain ``Trainer`` (TRL's padding-free collator), 2 epochs with a checkpoint every
+  step, then a fresh ``Trainer`` resumed from the checkpoint one step into epoch 1; records the
+  ``input_ids`` of every forward of both runs and the steps per epoch.
 
 Every rank's process group has a short timeout; the test kills the launcher at its deadline.
 """
@@ -71,7 +74,7 @@ def dataset_rows(count: int, seed: int, over: bool = False) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap"))
+    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume"))
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
@@ -87,7 +90,46 @@ def main() -> None:
     Path(options.out, f"rank{rank}.json").write_text(json.dumps(record))
 
 
+def run_resume(record: dict, out: Path) -> None:
+    """Train 2 epochs uninterrupted, saving every step; then resume a fresh Trainer one step into
+    epoch 1. Records each run's forwarded ``input_ids`` (lists of token lists, in order)."""
+    import datasets
+    from transformers import Trainer, TrainingArguments
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    import seqbal.integrations.trl as seqbal_trl
+
+    dataset = datasets.Dataset.from_list(dataset_rows(48, seed=2))
+    args = TrainingArguments(
+        output_dir=str(out / "run"), report_to=[], save_strategy="steps", save_steps=1, logging_steps=1,
+        use_cpu=True, per_device_train_batch_size=2, gradient_accumulation_steps=2, disable_tqdm=True, seed=0,
+        learning_rate=1e-2, num_train_epochs=2, lr_scheduler_type="constant", remove_unused_columns=False,
+    )
+
+    def train(resume: "str | None") -> tuple[list, object]:
+        model = tiny_model()
+        seen: list = []
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs["input_ids"].tolist()), with_kwargs=True
+        )
+        trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                          data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
+        record.setdefault("steps_per_epoch", len(trainer.get_train_dataloader()) // args.gradient_accumulation_steps)
+        trainer.train(resume_from_checkpoint=resume)
+        return seen, trainer
+
+    with warnings.catch_warnings(), seqbal_trl.installed(CAP):
+        warnings.simplefilter("ignore")
+        record["full"], _ = train(None)
+        step = record["steps_per_epoch"] + 1  # one optimizer step into epoch 1
+        record["resume_step"] = step
+        record["resumed"], trainer = train(str(out / "run" / f"checkpoint-{step}"))
+        record["global_step"] = trainer.state.global_step
+
+
 def run(mode: str, record: dict, out: Path) -> None:
+    if mode == "resume":
+        return run_resume(record, out)
     import datasets
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer

@@ -31,8 +31,10 @@ restores transformers' method wherever seqbal's wrapper is still bound.
 from __future__ import annotations
 
 import importlib
+import math
 import warnings
-from typing import Any, ContextManager, Optional, Union
+import weakref
+from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 from ._patching import Patch, apply_all, installed_while, undo_all
 from .token_budget import TokenBudgetBatchSampler, pack_rows
@@ -83,11 +85,40 @@ def dataset_lengths(dataset: Any, length_column: Optional[str] = "length", input
     return lengths
 
 
+def _trainer_epoch(trainer: Any) -> Optional[int]:
+    """The epoch a ``Trainer`` is in: ``floor(trainer.state.epoch)``, or None before training.
+
+    transformers sets ``state.epoch = epoch + (step + 1) / steps_in_epoch`` after every step, so
+    it is the integer ``e`` exactly when epoch ``e`` begins, and a checkpoint saved ``k`` steps into
+    epoch ``e`` restores ``e + k / steps_in_epoch``, whose floor is ``e``. O(1)."""
+    epoch = getattr(getattr(trainer, "state", None), "epoch", None)
+    return None if epoch is None else int(math.floor(epoch))
+
+
+class _FollowsTrainerEpoch:
+    """Mixin: read the trainer's epoch when the dataloader starts an epoch.
+
+    accelerate wraps the batch sampler (``BatchSamplerShard`` on more than one rank, and
+    ``SkipBatchSampler`` around that when transformers resumes mid-epoch); neither forwards
+    ``set_epoch``, so a resumed epoch ``e > 0`` would otherwise replay epoch 0's shuffle. Reading
+    the epoch from the trainer at ``__iter__`` time needs no wrapper to cooperate: fresh epochs and
+    resumed ones yield the batches of the epoch the trainer is in, on every rank."""
+
+    _trainer: Optional[Callable[[], Any]] = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch = _trainer_epoch(self._trainer()) if self._trainer is not None else None
+        if epoch is not None:
+            self.set_epoch(epoch)
+        return super().__iter__()
+
+
 def _sampler_class(base: type) -> type:
     """TokenBudgetBatchSampler that is also transformers' ``BatchRebalanceSampler``, so that
-    ``Trainer._get_dataloader`` passes it as the batch sampler. Made once per process."""
+    ``Trainer._get_dataloader`` passes it as the batch sampler, and that follows the trainer's
+    epoch (:class:`_FollowsTrainerEpoch`). Made once per process."""
     if "cls" not in _classes:
-        _classes["cls"] = type("TrainerTokenBudgetBatchSampler", (TokenBudgetBatchSampler, base), {})
+        _classes["cls"] = type("TrainerTokenBudgetBatchSampler", (_FollowsTrainerEpoch, TokenBudgetBatchSampler, base), {})
     return _classes["cls"]
 
 
@@ -113,7 +144,7 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
     module = importlib.import_module("transformers.trainer_pt_utils")
     seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
     world = max(1, args.world_size)
-    return _sampler_class(module.BatchRebalanceSampler)(
+    sampler = _sampler_class(module.BatchRebalanceSampler)(
         dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
         _settings["max_token_len"],
         num_replicas=world,
@@ -122,6 +153,8 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         cost_model=cost_model,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
     )
+    sampler._trainer = weakref.ref(self)
+    return sampler
 
 
 def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> list[tuple[str, str]]:
