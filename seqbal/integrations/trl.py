@@ -8,8 +8,11 @@ already rank-aware). :func:`install` rebinds ``Trainer._get_train_sampler`` to o
 :class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` of a subclass that is also a
 ``BatchRebalanceSampler``, so it rides that hook unchanged: every micro-batch within
 ``max_token_len``, the same count on every rank (a multiple of
-``gradient_accumulation_steps``), slot-balanced across ranks, no collective. A subclass of
-``Trainer`` that overrides ``_get_train_sampler`` itself is left alone.
+``gradient_accumulation_steps``), slot-balanced across ranks, no collective. That sampler
+takes its epoch from ``floor(trainer.state.epoch)`` when the dataloader starts one
+(accelerate's wrappers do not forward ``set_epoch``), so a run resumed mid-epoch forwards the
+same remaining batches on every rank. A subclass of ``Trainer`` that overrides
+``_get_train_sampler`` itself is left alone.
 
 Lengths: the column ``args.length_column_name`` (default ``"length"``) of the dataset the
 Trainer hands to the sampler when it is there (it survives only with
