@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ if not hasattr(pytest.importorskip("transformers.trainer_pt_utils"), "BatchRebal
 import torch  # noqa: E402
 
 from . import trl_workers as workers  # noqa: E402
+from .deadline import run_with_deadline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_S = 240
@@ -40,10 +40,7 @@ def launch(mode: str, world: int, tmp_path: Path) -> list[dict]:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
                    script, mode, "--out", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired as error:
-        pytest.fail(f"{mode} on {world} rank(s) still running after {DEADLINE_S} s (killed): {error.stderr!s:.2000}")
+    done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=f"{mode} on {world} rank(s)")
     records = [out / f"rank{rank}.json" for rank in range(world)]
     missing = [str(path) for path in records if not path.exists()]
     assert not missing, f"exit {done.returncode}, no record {missing}: {done.stderr[-3000:]}"
