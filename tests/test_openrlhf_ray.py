@@ -9,9 +9,12 @@ installs), plan within the cap with equal counts, and one worker's over-cap samp
 error on both.
 
 The workers must import *this* tree's seqbal (CI tests it installed as a wheel in one
-environment and editable in another): the runtime_env puts the directory that holds the
-driver's ``seqbal`` package first on the workers' ``PYTHONPATH`` (then this checkout, for the
-actor's code in ``tests``), and each worker reports the ``seqbal.__file__`` it imported. On a
+environment and editable in another): the runtime_env puts this checkout first on the workers'
+``PYTHONPATH``, for the actor's code in ``tests`` (verl 0.9.1 and OpenRLHF 0.11.2 install a
+top-level ``tests`` package into site-packages that would shadow it), then the directory that
+holds the driver's ``seqbal`` package (the checkout itself where seqbal is not installed as a
+wheel, where the wheel's checkout copy has no ``seqbal`` beside ``tests``), and each worker
+reports the ``seqbal.__file__`` it imported. On a
 CPU, OpenRLHF's modules import only with the stand-ins of tests/trainer_stubs.py (no vLLM, no
 flash-attn): a ``sitecustomize`` on the workers' path registers them at interpreter start, which
 is the environment's business, not the route's (on a GPU cluster OpenRLHF imports as it is).
@@ -136,7 +139,7 @@ def driver(out_file: str, stand_ins: str) -> None:
         _temp_dir=tempfile.mkdtemp(prefix="sqb-ray-"),
         runtime_env={
             "worker_process_setup_hook": HOOK,
-            "env_vars": {"PYTHONPATH": os.pathsep.join([seqbal_root, str(REPO), stand_ins]), "OMP_NUM_THREADS": "1"},
+            "env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), seqbal_root, stand_ins]), "OMP_NUM_THREADS": "1"},
         },
     )
     try:
@@ -176,7 +179,7 @@ def ray_run(tmp_path_factory):
     # The driver imports the seqbal this process imported (not whatever its working directory
     # holds: `python -c` puts that first on sys.path, so it runs in an empty one).
     seqbal_root = str(Path(seqbal.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([seqbal_root, str(REPO)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), seqbal_root]))
     done = run_with_deadline([sys.executable, "-c", code], deadline_s=DEADLINE_S, cwd=str(work), env=env,
                              what="the Ray run", merge_stderr=True)
     output = done.stdout
