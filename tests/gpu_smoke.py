@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,7 +37,7 @@ def _init(backend: str) -> tuple[Any, int, int]:
     if "RANK" in os.environ:
         dist.init_process_group(backend)
     else:
-        store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+        store = dist.TCPStore("127.0.0.1", 0, 1, True)  # port 0: a free one
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
     if backend == "nccl":
