@@ -89,3 +89,6 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         records["__crash__"] = traceback.format_exc()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(records, handle)
+    # The records are written: leave without the interpreter's teardown, where gloo's threads
+    # have aborted a finished rank ("terminate called without an active exception", exit -6).
+    os._exit(0)
