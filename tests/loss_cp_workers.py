@@ -10,8 +10,6 @@ does over its ``dp_shard_cp`` mesh. Nothing here asserts; the parent asserts on 
 
 from __future__ import annotations
 
-import json
-import os
 import traceback
 
 import torch
@@ -87,8 +85,4 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
-        json.dump(records, handle)
-    # The records are written: leave without the interpreter's teardown, where gloo's threads
-    # have aborted a finished rank ("terminate called without an active exception", exit -6).
-    os._exit(0)
+    base.write_records_and_exit(out_dir, rank, records)

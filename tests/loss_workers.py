@@ -127,6 +127,15 @@ def error_scenario(rank: int, kind: str, group) -> dict:
     return error_record(lambda: seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group))
 
 
+def write_records_and_exit(out_dir: str, rank: int, records: dict) -> None:
+    """Write ``rank``'s records for the parent, then leave without the interpreter's teardown,
+    where gloo's threads have aborted a finished rank ("terminate called without an active
+    exception", exit -6)."""
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(records, handle)
+    os._exit(0)
+
+
 def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     records = {}
     try:
@@ -148,8 +157,4 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
-        json.dump(records, handle)
-    # The records are written: leave without the interpreter's teardown, where gloo's threads
-    # have aborted a finished rank ("terminate called without an active exception", exit -6).
-    os._exit(0)
+    write_records_and_exit(out_dir, rank, records)
