@@ -407,3 +407,36 @@ def test_rebalance_swap_is_the_windowed_search_on_any_workload(data):
     if expected is not None:
         _, item, other = expected
         assert sorted(state.members[0]) == sorted([i for i in heavy if i != item] + [other])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_bins_sum_parts_exactly_on_both_sides_of_the_python_threshold(data):
+    """Bins of up to PYTHON_SUMS_ITEMS items add their sums in the interpreter, larger ones in
+    NumPy: both must be the exact sums, for tokens and workloads, with or without given sums."""
+    from seqbal.partition.bins import PYTHON_SUMS_ITEMS, _Bins, _RankedBins
+
+    n = data.draw(st.sampled_from([1, 7, PYTHON_SUMS_ITEMS, PYTHON_SUMS_ITEMS + 1, 300]))
+    tokens = np.asarray(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), dtype=np.int64)
+    work = np.asarray(data.draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n)), dtype=np.int64)
+    k = data.draw(st.integers(1, min(n, 9)))
+    labels = data.draw(st.lists(st.integers(0, k - 1), min_size=n, max_size=n))
+    parts = [[i for i in range(n) if labels[i] == p] for p in range(k)]  # empty parts allowed
+    state = _Bins(parts, tokens, work, 10**15, by_work=True)
+    assert state.tokens == sums(tokens, parts)
+    assert state.work == sums(work, parts)
+    ranked = _RankedBins(parts, tokens, 10**15, np.asarray(sums(tokens, parts), dtype=np.int64))
+    assert ranked.tokens == sums(tokens, parts) == _RankedBins(parts, tokens, 10**15).tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=80), st.data())
+def test_internal_kk_is_the_public_kk(values, data):
+    """The partitioner's own KK call skips the argument checks, and nothing else."""
+    from seqbal.partition.kk import _karmarkar_karp
+
+    k = data.draw(st.integers(1, len(values)))
+    array = np.asarray(values, dtype=np.int64)
+    assert _karmarkar_karp(array, k, False) == karmarkar_karp(values, k, equal_size=False)
+    if len(values) % k == 0:
+        assert _karmarkar_karp(array, k, True) == karmarkar_karp(values, k, equal_size=True)

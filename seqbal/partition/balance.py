@@ -19,7 +19,7 @@ from ..validation import IntSequence, as_int_array, check_capacity, int_argument
 from .feasibility import _fit_in, _Try
 from .greedy import _capped_greedy
 from .kk import CHUNKED_KK_MIN_ITEMS, _balanced_parts
-from .local_search import rebalance_within_capacity, repair_over_capacity
+from .local_search import _rebalance, _repair
 from .packing import split_bins_to_count
 from .parts import _within
 
@@ -118,9 +118,9 @@ def _balance_at(
         if parts is not None and _within(parts, size, capacity):
             if n < CHUNKED_KK_MIN_ITEMS:
                 return parts  # item-level KK
-            return rebalance_within_capacity(parts, size, work, capacity, close_enough=CHUNKED_KK_POLISH)
+            return _rebalance(parts, size, work, capacity, close_enough=CHUNKED_KK_POLISH)
         # The rebalance below copies the parts, so the search's partition is handed on as it is.
-        candidate = balanced_start if reuse else repair_over_capacity(parts, size, capacity) or balanced_start
+        candidate = balanced_start if reuse else _repair(parts, size, capacity, None)[0] or balanced_start
     if candidate is None:
         candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
@@ -129,4 +129,4 @@ def _balance_at(
         candidate = _fit_in(size, work, capacity, k, thorough=True).parts
     if candidate is None:
         return None
-    return rebalance_within_capacity(candidate, size, work, capacity)
+    return _rebalance(candidate, size, work, capacity)

@@ -27,6 +27,20 @@ def _rank_position(keys: list[int], items: list[int], key: int, item: int) -> in
     return position
 
 
+#: Up to this many items, part sums are added up in the interpreter from the value lists the
+#: bins keep anyway: NumPy's fixed cost per call (about 20 us) is then the larger part of the
+#: sum, and a small plan builds bins a few times per count it tries.
+PYTHON_SUMS_ITEMS = 256
+
+
+def _sums(values: np.ndarray, value_list: list[int], members: list[list[int]]) -> list[int]:
+    """Exact sum of ``values`` over each part (``value_list`` is ``values.tolist()``). O(n)."""
+    if len(value_list) <= PYTHON_SUMS_ITEMS:
+        get = value_list.__getitem__
+        return [sum(map(get, part)) for part in members]
+    return _part_sums(values, members).tolist()
+
+
 class _SortedPairs:
     """A sorted multiset of ``(key, part)`` pairs in blocks of a few hundred: add, remove and
     the searches below cost O(log k + block) instead of the O(k) shift of one flat list, which
@@ -116,17 +130,19 @@ class _Bins:
         *,
         by_work: bool,
         work_sums: Optional[np.ndarray] = None,
+        token_sums: Optional[np.ndarray] = None,
     ) -> None:
-        """``work_sums``: the parts' workload sums where the caller has them."""
+        """``work_sums``, ``token_sums``: the parts' sums where the caller has them."""
         self.tokens_of = tokens.tolist()
         self.work_of = self.tokens_of if workloads is tokens else workloads.tolist()
         self.capacity = capacity
         self.members: list[list[int]] = [list(p) for p in parts]
-        self.tokens: list[int] = _part_sums(tokens, self.members).tolist()
+        self.tokens: list[int] = (
+            token_sums.tolist() if token_sums is not None else _sums(tokens, self.tokens_of, self.members))
         if work_sums is not None:
             self.work: list[int] = work_sums.tolist()
         else:
-            self.work = self.tokens.copy() if workloads is tokens else _part_sums(workloads, self.members).tolist()
+            self.work = self.tokens.copy() if workloads is tokens else _sums(workloads, self.work_of, self.members)
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
         # Each search keeps only the order it reads: the repair by room, the rebalance by workload.
@@ -218,8 +234,10 @@ class _RankedBins(_Bins):
     later steps binary-search them without sorting. Parts are sorted on first use: a try that
     fails at once sorts a few."""
 
-    def __init__(self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> None:
-        super().__init__(parts, tokens, tokens, capacity, by_work=False)
+    def __init__(
+        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int, token_sums: Optional[np.ndarray] = None
+    ) -> None:
+        super().__init__(parts, tokens, tokens, capacity, by_work=False, token_sums=token_sums)
         self._sizes: list[Optional[list[int]]] = [None] * len(self.members)
         self._items: list[Optional[list[int]]] = [None] * len(self.members)
 

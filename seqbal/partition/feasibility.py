@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from .greedy import _greedy_balance
-from .kk import karmarkar_karp
+from .kk import _karmarkar_karp
 from .local_search import _repair
 from .parts import _descending, _part_sums
 
@@ -69,18 +69,19 @@ def _fit_in(
         orders = (_descending(work), _descending(tokens))
     starts = [(lambda: _greedy_balance(work, k, orders[0]), True), (lambda: _greedy_balance(tokens, k, orders[1]), False)]
     if thorough:
-        starts += [(lambda: karmarkar_karp(work, k, equal_size=False), True),
-                   (lambda: karmarkar_karp(tokens, k, equal_size=False), False)]
+        starts += [(lambda: _karmarkar_karp(work, k, equal_size=False), True),
+                   (lambda: _karmarkar_karp(tokens, k, equal_size=False), False)]
     stalled = True
     for start, on_work in starts:
         parts = start()
         if not all(parts):
             continue
-        over = int((_part_sums(tokens, parts) > capacity).sum())
+        sums = _part_sums(tokens, parts)
+        over = int((sums > capacity).sum())
         if not over:
             return _Try(parts, on_work, False, False)
         steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
-        repaired, left = _repair(parts, tokens, capacity, steps)
+        repaired, left = _repair(parts, tokens, capacity, steps, sums)
         if repaired is not None:
             return _Try(repaired, on_work, True, False)
         stalled = stalled and left > STALLED_FRACTION * over

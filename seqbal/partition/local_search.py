@@ -69,11 +69,13 @@ def repair_over_capacity(
 
 
 def _repair(
-    parts: Sequence[Sequence[int]], size: np.ndarray, capacity: int, max_steps: Optional[int]
+    parts: Sequence[Sequence[int]], size: np.ndarray, capacity: int, max_steps: Optional[int],
+    token_sums: Optional[np.ndarray] = None,
 ) -> tuple[Optional[list[list[int]]], int]:
     """:func:`repair_over_capacity` on a validated array, with the number of parts still over
-    the capacity when it gives up (0 on success): how far the try was from a partition."""
-    state = _RankedBins(parts, size, capacity)
+    the capacity when it gives up (0 on success): how far the try was from a partition.
+    ``token_sums``: the parts' token sums, where the caller has them."""
+    state = _RankedBins(parts, size, capacity, token_sums)
     steps = max_steps if max_steps is not None else 4 * len(size) + 16
     over = [(capacity - load, part) for part, load in enumerate(state.tokens) if load > capacity]  # most excess first
     heapq.heapify(over)
@@ -168,6 +170,19 @@ def rebalance_within_capacity(
     size = as_int_array(tokens, "tokens")
     work = as_int_array(workloads, "workloads")
     capacity = check_capacity(capacity)
+    return _rebalance(parts, size, work, capacity, max_steps, close_enough)
+
+
+def _rebalance(
+    parts: Sequence[Sequence[int]],
+    size: np.ndarray,
+    work: np.ndarray,
+    capacity: int,
+    max_steps: Optional[int] = None,
+    close_enough: float = 0.001,
+) -> list[list[int]]:
+    """:func:`rebalance_within_capacity` on checked arrays: the balance's own call, which
+    converts and checks nothing again."""
     if not parts:
         return []
     bound = max(ceildiv(exact_total(work), len(parts)), int(work.max()) if work.size else 0)
