@@ -425,7 +425,7 @@ def test_bins_sum_parts_exactly_on_both_sides_of_the_python_threshold(data):
     state = _Bins(parts, tokens, work, 10**15, by_work=True)
     assert state.tokens == sums(tokens, parts)
     assert state.work == sums(work, parts)
-    ranked = _RankedBins(parts, tokens, 10**15, np.asarray(sums(tokens, parts), dtype=np.int64))
+    ranked = _RankedBins(parts, tokens, 10**15, sums(tokens, parts))
     assert ranked.tokens == sums(tokens, parts) == _RankedBins(parts, tokens, 10**15).tokens
 
 
@@ -440,3 +440,30 @@ def test_internal_kk_is_the_public_kk(values, data):
     assert _karmarkar_karp(array, k, False) == karmarkar_karp(values, k, equal_size=False)
     if len(values) % k == 0:
         assert _karmarkar_karp(array, k, True) == karmarkar_karp(values, k, equal_size=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_try_sums_parts_in_python_or_numpy_alike(data):
+    """Small tries sum their starts' parts in the interpreter: the try (its partition and its
+    verdict) must be the one the NumPy sums give, thorough or not, at tight counts."""
+    from seqbal.partition import feasibility
+    from seqbal.workload import balance_workloads
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    tokens = rng.integers(1, 100, int(rng.integers(2, 60))).astype(np.int64)
+    work = balance_workloads(tokens)
+    capacity = int(rng.integers(tokens.max(), tokens.max() * 3))
+    k = min(len(tokens), -(-int(tokens.sum()) // capacity) + int(rng.integers(0, 2)))
+    thorough = data.draw(st.booleans())
+    in_python = feasibility._fit_in(tokens, work, capacity, k, thorough)
+    limit = feasibility.PYTHON_SUMS_ITEMS
+    try:
+        feasibility.PYTHON_SUMS_ITEMS = 0  # every sum through NumPy
+        in_numpy = feasibility._fit_in(tokens, work, capacity, k, thorough)
+    finally:
+        feasibility.PYTHON_SUMS_ITEMS = limit
+    assert in_python == in_numpy
+    if in_python.parts is not None:
+        assert_is_partition(in_python.parts, len(tokens), k)
+        assert max(sums(tokens, in_python.parts)) <= capacity

@@ -129,18 +129,18 @@ class _Bins:
         capacity: int,
         *,
         by_work: bool,
-        work_sums: Optional[np.ndarray] = None,
-        token_sums: Optional[np.ndarray] = None,
+        work_sums: Optional[list[int]] = None,
+        token_sums: Optional[list[int]] = None,
     ) -> None:
-        """``work_sums``, ``token_sums``: the parts' sums where the caller has them."""
+        """``work_sums``, ``token_sums``: the parts' sums where the caller has them (copied)."""
         self.tokens_of = tokens.tolist()
         self.work_of = self.tokens_of if workloads is tokens else workloads.tolist()
         self.capacity = capacity
         self.members: list[list[int]] = [list(p) for p in parts]
         self.tokens: list[int] = (
-            token_sums.tolist() if token_sums is not None else _sums(tokens, self.tokens_of, self.members))
+            list(token_sums) if token_sums is not None else _sums(tokens, self.tokens_of, self.members))
         if work_sums is not None:
-            self.work: list[int] = work_sums.tolist()
+            self.work: list[int] = list(work_sums)
         else:
             self.work = self.tokens.copy() if workloads is tokens else _sums(workloads, self.work_of, self.members)
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
@@ -235,7 +235,7 @@ class _RankedBins(_Bins):
     fails at once sorts a few."""
 
     def __init__(
-        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int, token_sums: Optional[np.ndarray] = None
+        self, parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int, token_sums: Optional[list[int]] = None
     ) -> None:
         super().__init__(parts, tokens, tokens, capacity, by_work=False, token_sums=token_sums)
         self._sizes: list[Optional[list[int]]] = [None] * len(self.members)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .greedy import _greedy_balance
 from .kk import _karmarkar_karp
+from .bins import PYTHON_SUMS_ITEMS, _sums
 from .local_search import _repair
 from .parts import _descending, _part_sums
 
@@ -71,18 +72,27 @@ def _fit_in(
     if thorough:
         starts += [(lambda: _karmarkar_karp(work, k, equal_size=False), True),
                    (lambda: _karmarkar_karp(tokens, k, equal_size=False), False)]
+    # Part sums in the interpreter on small inputs (see seqbal.partition.bins.PYTHON_SUMS_ITEMS).
+    token_list = tokens.tolist() if len(tokens) <= PYTHON_SUMS_ITEMS else None
     stalled = True
     for start, on_work in starts:
         parts = start()
         if not all(parts):
             continue
-        sums = _part_sums(tokens, parts)
-        over = int((sums > capacity).sum())
+        if token_list is not None:
+            sums = _sums(tokens, token_list, parts)
+            over = sum(total > capacity for total in sums)
+        else:
+            array = _part_sums(tokens, parts)
+            over = int((array > capacity).sum())
         if not over:
             return _Try(parts, on_work, False, False)
+        if token_list is None:
+            sums = array.tolist()
         steps = None if thorough else REPAIR_STEPS_PER_OVER * over + 16
         repaired, left = _repair(parts, tokens, capacity, steps, sums)
         if repaired is not None:
             return _Try(repaired, on_work, True, False)
         stalled = stalled and left > STALLED_FRACTION * over
     return _Try(None, False, False, stalled)
+

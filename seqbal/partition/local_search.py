@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, exact_total
-from .bins import _Bins, _RankedBins
+from .bins import PYTHON_SUMS_ITEMS, _Bins, _RankedBins, _sums
 from .parts import _part_sums, ceildiv
 
 # Tuning: how wide each step of the repair and the rebalance looks.
@@ -70,7 +70,7 @@ def repair_over_capacity(
 
 def _repair(
     parts: Sequence[Sequence[int]], size: np.ndarray, capacity: int, max_steps: Optional[int],
-    token_sums: Optional[np.ndarray] = None,
+    token_sums: Optional[list[int]] = None,
 ) -> tuple[Optional[list[list[int]]], int]:
     """:func:`repair_over_capacity` on a validated array, with the number of parts still over
     the capacity when it gives up (0 on success): how far the try was from a partition.
@@ -187,8 +187,8 @@ def _rebalance(
         return []
     bound = max(ceildiv(exact_total(work), len(parts)), int(work.max()) if work.size else 0)
     stop = bound * (1 + close_enough)
-    part_work = _part_sums(work, parts)
-    if part_work.max() <= stop:  # already close enough: no sorted parts to build
+    part_work = _sums(work, work.tolist(), parts) if len(work) <= PYTHON_SUMS_ITEMS else _part_sums(work, parts).tolist()
+    if max(part_work) <= stop:  # already close enough: no sorted parts to build
         return [sorted(part) for part in parts]
     state = _Bins(parts, size, work, capacity, by_work=True, work_sums=part_work)
     grows = _work_grows_with_tokens(size, work)
