@@ -15,9 +15,9 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from .bins import PYTHON_SUMS_ITEMS, _sums
 from .greedy import _greedy_balance
 from .kk import _karmarkar_karp
-from .bins import PYTHON_SUMS_ITEMS, _sums
 from .local_search import _repair
 from .parts import _descending, _part_sums
 
@@ -95,4 +95,3 @@ def _fit_in(
             return _Try(repaired, on_work, True, False)
         stalled = stalled and left > STALLED_FRACTION * over
     return _Try(None, False, False, stalled)
-
