@@ -105,25 +105,34 @@ def _even_slots(
     flat_bins = np.concatenate(grid) if grid else np.zeros(0, dtype=np.int64)
     starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
     big = np.iinfo(np.int64).min
-    cache: dict[int, np.ndarray] = {}  # bin -> the groups trades look at, until the bin changes
+    # The groups trades look at (:func:`_some`), one row of TRADE_ITEMS per bin, padded: a step
+    # gathers its partners' rows in one indexing instead of a list per bin. A row is recomputed
+    # only after its bin changed (``fresh``).
+    lanes = np.arange(TRADE_ITEMS)
+    pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
+    picked = np.zeros(len(parts), dtype=np.int64)  # how much of each row is real
+    fresh = np.zeros(len(parts), dtype=bool)
 
-    def picked(b: int) -> np.ndarray:
-        if b not in cache:
-            cache[b] = np.asarray(_some(parts[b], work), dtype=np.int64)
-        return cache[b]
+    def look_at(bins: np.ndarray) -> None:
+        for b in bins[~fresh[bins]].tolist():
+            items = _some(parts[b], work)
+            pick[b, :len(items)] = items
+            picked[b] = len(items)
+            fresh[b] = True
 
     def trade(s: int) -> bool:
         slot = grid[s]
         values = bin_work[slot]
         order = np.argsort(-values, kind="stable")
         heavy, top = int(slot[order[0]]), int(values[order[0]])
-        second = int(values[order[1]]) if len(slot) > 1 else 0
+        # ndarray.mean() on ints: a float64 sum divided by the count (the same float, cheaper call)
+        if top <= SLOT_CLOSE_ENOUGH * (float(np.add.reduce(values, dtype=np.float64)) / len(values)):
+            return False  # also every slot of one bin
+        second = int(values[order[1]])
         third = int(values[order[2]]) if len(slot) > 2 else 0
-        if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
-            return False
         # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
         kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
-        partners = [int(slot[k]) for k in np.sort(kept)]
+        inner = slot[np.sort(kept)]
         # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
         # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
         wanted = SLOT_PARTNERS + len(slot)
@@ -134,57 +143,59 @@ def _even_slots(
             others = np.flatnonzero(room > 0)
         others = others[slot_of[others] != s]
         others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
-        partners += others.tolist()
-        if not partners:
+        partners = np.concatenate((inner, others))  # in-slot ones first: one gain formula each
+        if not len(partners):
             return False
-        chosen = [picked(b) for b in partners]
-        sizes = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
-        p_items = np.concatenate(chosen)
-        p_bins = np.repeat(np.asarray(partners, dtype=np.int64), sizes)
-        h_items = picked(heavy)
+        look_at(np.append(partners, heavy))
+        h_items = pick[heavy, :picked[heavy]]
         h_work, h_tok = work[h_items], tokens[h_items]
-        # what the slot's maximum is without the heavy bin and the partner
-        rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
-        p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
+        # per partner bin: its workload, its slot's maximum, its room for tokens, and what this
+        # slot's maximum is without the heavy bin and it
+        p_value, p_top = bin_work[partners], maxima[slot_of[partners]]
+        p_room = capacity - bin_tokens[partners]
+        rest = np.where(partners == slot[order[1]], third, second)
+        n_in = len(inner)
 
-        inside = sum(int(n) for n in sizes[:len(partners) - len(others)])  # columns of this slot's bins
-
-        def gains(delta: np.ndarray, ok: np.ndarray, columns: Any, cut: int) -> np.ndarray:
-            # columns [:cut] are bins of this slot, [cut:] of other slots: one formula each
-            value = p_value[columns]
+        def gains(delta: np.ndarray, ok: np.ndarray, at: np.ndarray, cut: int) -> np.ndarray:
+            # column c is a trade with partner bin at[c]; columns [:cut] are bins of this slot,
+            # [cut:] of other slots: one formula each
             d_in, d_out = delta[:, :cut], delta[:, cut:]
-            lifted = value[None, :cut] + d_in
-            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[columns][None, :cut])
+            lifted = p_value[at[:cut]] + d_in
+            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[at[:cut]])
             keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
-            ceiling = p_top[columns][None, cut:]
-            lifted = value[None, cut:] + d_out
+            ceiling = p_top[at[cut:]]
+            lifted = p_value[at[cut:]] + d_out
             gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
             keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
             return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
-        best = None  # (gain, delta, kind, i, j)
-        first = np.cumsum(sizes) - sizes
-        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= capacity - int(bin_tokens[p_bins[first]].min()):
-            # a move depends on the partner bin only: one column per partner bin (its first item)
-            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
-            ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
-            score = gains(delta, ok, first, len(partners) - len(others))
+        best = None  # (gain, delta, kind, i, partner, column)
+        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= int(p_room.max()):
+            # a move depends on the partner bin only: one column per partner bin
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(partners)))
+            ok = (h_tok[:, None] <= p_room[None, :]) & (delta > 0)
+            score = gains(delta, ok, np.arange(len(partners)), n_in)
             flat = int(np.argmax(score))
             if score.flat[flat] > big:
-                i, c = divmod(flat, len(first))
-                best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
+                i, c = divmod(flat, len(partners))
+                best = (int(score.flat[flat]), int(h_work[i]), 0, i, c, -1)
         # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
         # min(top - second, the partner's room) in another: columns that cannot reach the best
-        # move's gain (or that no heavy group outweighs) cannot win, and are left out.
+        # move's gain (or that no heavy group outweighs) cannot win, and are left out, as are
+        # the rows' padding. Columns run partner by partner, TRADE_ITEMS each.
+        p_items = pick[partners]
         p_work = work[p_items]
-        bound = np.minimum(h_work.max() - p_work, np.concatenate((
-            top - np.maximum(rest[:inside], p_value[:inside]),
-            np.minimum(top - second, p_top[inside:] - p_value[inside:]),
-        )))
+        limit = np.where(
+            np.arange(len(partners)) < n_in,
+            top - np.maximum(rest, p_value),
+            np.minimum(top - second, p_top - p_value),
+        )
+        bound = np.where(lanes[None, :] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
-            k_work, k_tok, k_room = p_work[keep], tokens[p_items[keep]], capacity - bin_tokens[p_bins[keep]]
-            cut, ceiling = int(np.searchsorted(keep, inside)), int(bound[keep].max())
+            at = keep // TRADE_ITEMS
+            k_work, k_tok, k_room = p_work.ravel()[keep], tokens[p_items.ravel()[keep]], p_room[at]
+            cut, ceiling = int(np.searchsorted(keep, n_in * TRADE_ITEMS)), int(bound.ravel()[keep].max())
             found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
             # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
             # reaches it the first maximum is there (usually: the block's few lightest groups).
@@ -194,7 +205,7 @@ def _even_slots(
                     continue
                 shift = h_tok[rows, None] - k_tok[None, :]
                 ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-                score = gains(delta, ok, keep, cut)
+                score = gains(delta, ok, at, cut)
                 flat = int(np.argmax(score))
                 if int(score.flat[flat]) > found[0]:
                     i, c = divmod(flat, len(keep))
@@ -203,18 +214,17 @@ def _even_slots(
                     break
             if found[0] > big:
                 _, i, c = found
-                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(keep[c]))
+                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(at[c]), int(keep[c]))
                 if best is None or candidate[:2] > best[:2]:
                     best = candidate
         if best is None:
             return False
-        _, _, kind, i, j = best
-        group, target = int(h_items[i]), int(p_bins[j])
+        _, _, kind, i, c, column = best
+        group, target = int(h_items[i]), int(partners[c])
         exchanges = [(group, heavy, target)]
         if kind == 1:
-            exchanges.append((int(p_items[j]), target, heavy))
-        cache.pop(heavy, None)
-        cache.pop(target, None)
+            exchanges.append((int(p_items.flat[column]), target, heavy))
+        fresh[heavy] = fresh[target] = False
         for g, src, dst in exchanges:
             parts[src].remove(g)
             parts[dst].append(g)
