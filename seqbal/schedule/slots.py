@@ -112,6 +112,7 @@ def _even_slots(
     pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
     picked = np.zeros(len(parts), dtype=np.int64)  # how much of each row is real
     fresh = np.zeros(len(parts), dtype=bool)
+    roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
 
     def look_at(bins: np.ndarray) -> None:
         for b in bins[~fresh[bins]].tolist():
@@ -135,14 +136,20 @@ def _even_slots(
         inner = slot[np.sort(kept)]
         # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
         # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
-        wanted = SLOT_PARTNERS + len(slot)
-        if len(room) > wanted:
-            threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
-            others = np.flatnonzero(room >= threshold)
+        # That is the first SLOT_PARTNERS of the other slots' bins with room, whatever this slot's
+        # rooms are: after a trade inside this slot (or none) the next step of it reuses them.
+        if roomiest[0] == s:
+            others = roomiest[1]
         else:
-            others = np.flatnonzero(room > 0)
-        others = others[slot_of[others] != s]
-        others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
+            wanted = SLOT_PARTNERS + len(slot)
+            if len(room) > wanted:
+                threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
+                others = np.flatnonzero(room >= threshold)
+            else:
+                others = np.flatnonzero(room > 0)
+            others = others[slot_of[others] != s]
+            others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
+            roomiest[:] = [s, others]
         partners = np.concatenate((inner, others))  # in-slot ones first: one gain formula each
         if not len(partners):
             return False
@@ -156,17 +163,23 @@ def _even_slots(
         rest = np.where(partners == slot[order[1]], third, second)
         n_in = len(inner)
 
+        # per partner bin: how far it is below the heavy bin, how far the slot's maximum can fall
+        # if the heavy bin and it trade (down to the slot's next bin), how far it is below its
+        # own slot's maximum
+        headroom, fall, space = top - p_value, top - rest, p_top - p_value
+
         def gains(delta: np.ndarray, ok: np.ndarray, at: np.ndarray, cut: int) -> np.ndarray:
-            # column c is a trade with partner bin at[c]; columns [:cut] are bins of this slot,
-            # [cut:] of other slots: one formula each
-            d_in, d_out = delta[:, :cut], delta[:, cut:]
-            lifted = p_value[at[:cut]] + d_in
-            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[at[:cut]])
-            keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
-            ceiling = p_top[at[cut:]]
-            lifted = p_value[at[cut:]] + d_out
-            gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
-            keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
+            # Column c is a trade of ``delta`` workload (> 0 wherever ok) with partner bin at[c].
+            # Columns [:cut]: a bin of this slot, whose new maximum is the largest of the heavy
+            # bin, the partner and the rest; taken if the partner stays below the old maximum.
+            # Columns [cut:]: a bin of another slot, whose maximum rises by what the partner
+            # passes it by; taken if it gains, or at a tie at the top if it rises no maximum.
+            d_in, d_out, inside, outside = delta[:, :cut], delta[:, cut:], at[:cut], at[cut:]
+            gain_in = np.minimum(np.minimum(d_in, headroom[inside] - d_in), fall[inside])
+            keep_in = ok[:, :cut] & (d_in < headroom[inside])
+            over = np.maximum(d_out - space[outside], 0)
+            gain_out = np.minimum(d_out, top - second) - over
+            keep_out = ok[:, cut:] & ((over == 0) if top == second else (gain_out > 0))
             return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
         best = None  # (gain, delta, kind, i, partner, column)
@@ -185,11 +198,7 @@ def _even_slots(
         # the rows' padding. Columns run partner by partner, TRADE_ITEMS each.
         p_items = pick[partners]
         p_work = work[p_items]
-        limit = np.where(
-            np.arange(len(partners)) < n_in,
-            top - np.maximum(rest, p_value),
-            np.minimum(top - second, p_top - p_value),
-        )
+        limit = np.where(np.arange(len(partners)) < n_in, np.minimum(fall, headroom), np.minimum(top - second, space))
         bound = np.where(lanes[None, :] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
@@ -234,6 +243,8 @@ def _even_slots(
             bin_work[dst] += work[g]
         for touched in {s, int(slot_of[target])}:
             refresh(touched)
+        if int(slot_of[target]) != s:
+            roomiest[0] = -1  # another slot's rooms changed: choose again
         return True
 
     def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
