@@ -15,6 +15,7 @@ more. Every step is bounded by the budgets below, whatever the data.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -106,20 +107,25 @@ def _even_slots(
     starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
     big = np.iinfo(np.int64).min
     # The groups trades look at (:func:`_some`), one row of TRADE_ITEMS per bin, padded: a step
-    # gathers its partners' rows in one indexing instead of a list per bin. A row is recomputed
-    # only after its bin changed (``fresh``).
+    # gathers its partners' rows in one indexing instead of a list per bin. A bin's row is
+    # written again only when a trade changes the bin.
     lanes = np.arange(TRADE_ITEMS)
     pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
-    picked = np.zeros(len(parts), dtype=np.int64)  # how much of each row is real
-    fresh = np.zeros(len(parts), dtype=bool)
-    roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
+    picked = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))  # how much of each row is real
+    small = np.flatnonzero(picked <= TRADE_ITEMS)  # rows that are the whole bin, in its order: at once
+    if len(small):
+        flat = np.fromiter(chain.from_iterable(parts[b] for b in small.tolist()), dtype=np.int64)
+        first = np.repeat(np.cumsum(picked[small]) - picked[small], picked[small])
+        pick[np.repeat(small, picked[small]), np.arange(len(flat)) - first] = flat
 
-    def look_at(bins: np.ndarray) -> None:
-        for b in bins[~fresh[bins]].tolist():
-            items = _some(parts[b], work)
-            pick[b, :len(items)] = items
-            picked[b] = len(items)
-            fresh[b] = True
+    def look_at(b: int) -> None:
+        items = _some(parts[b], work)
+        pick[b, :len(items)] = items
+        picked[b] = len(items)
+
+    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
+        look_at(b)
+    roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
 
     def trade(s: int) -> bool:
         slot = grid[s]
@@ -153,7 +159,6 @@ def _even_slots(
         partners = np.concatenate((inner, others))  # in-slot ones first: one gain formula each
         if not len(partners):
             return False
-        look_at(np.append(partners, heavy))
         h_items = pick[heavy, :picked[heavy]]
         h_work, h_tok = work[h_items], tokens[h_items]
         # per partner bin: its workload, its slot's maximum, its room for tokens, and what this
@@ -195,16 +200,17 @@ def _even_slots(
         # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
         # min(top - second, the partner's room) in another: columns that cannot reach the best
         # move's gain (or that no heavy group outweighs) cannot win, and are left out, as are
-        # the rows' padding. Columns run partner by partner, TRADE_ITEMS each.
-        p_items = pick[partners]
+        # the rows' padding. Columns run partner by partner, ``width`` each.
+        width = int(picked[partners].max())  # columns per partner: the longest row, not TRADE_ITEMS
+        p_items = pick[partners, :width]
         p_work = work[p_items]
         limit = np.where(np.arange(len(partners)) < n_in, np.minimum(fall, headroom), np.minimum(top - second, space))
-        bound = np.where(lanes[None, :] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
+        bound = np.where(lanes[None, :width] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
-            at = keep // TRADE_ITEMS
+            at = keep // width
             k_work, k_tok, k_room = p_work.ravel()[keep], tokens[p_items.ravel()[keep]], p_room[at]
-            cut, ceiling = int(np.searchsorted(keep, n_in * TRADE_ITEMS)), int(bound.ravel()[keep].max())
+            cut, ceiling = int(np.searchsorted(keep, n_in * width)), int(bound.ravel()[keep].max())
             found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
             # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
             # reaches it the first maximum is there (usually: the block's few lightest groups).
@@ -233,7 +239,6 @@ def _even_slots(
         exchanges = [(group, heavy, target)]
         if kind == 1:
             exchanges.append((int(p_items.flat[column]), target, heavy))
-        fresh[heavy] = fresh[target] = False
         for g, src, dst in exchanges:
             parts[src].remove(g)
             parts[dst].append(g)
@@ -241,6 +246,8 @@ def _even_slots(
             bin_tokens[dst] += tokens[g]
             bin_work[src] -= work[g]
             bin_work[dst] += work[g]
+        look_at(heavy)
+        look_at(target)
         for touched in {s, int(slot_of[target])}:
             refresh(touched)
         if int(slot_of[target]) != s:
