@@ -15,6 +15,7 @@ more. Every step is bounded by the budgets below, whatever the data.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Optional, Sequence
 
@@ -57,6 +58,49 @@ def _some(items: list[int], work: np.ndarray) -> list[int]:
     return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
 
 
+@dataclass
+class _Bins:
+    """The micro-batches that group trades reshape, and the rules every trade keeps.
+
+    Shared by the slot evening and the rank polish, which trade the same way: one group moved
+    between two bins, or two swapped, never past ``capacity`` tokens, never emptying a bin.
+    ``parts`` are copies of the caller's lists, changed in place; ``bin_tokens`` and
+    ``bin_work`` (exact int64 sums per bin) follow every :meth:`exchange`.
+    """
+
+    #: group indices per bin
+    parts: list[list[int]]
+    #: tokens per group (under the cost model)
+    tokens: np.ndarray
+    #: workload per group
+    work: np.ndarray
+    #: tokens per bin, at most
+    capacity: int
+    #: whether a single group may move; False: swaps only, so every bin keeps its group count
+    #: (``equal_samples``)
+    moves: bool
+    bin_tokens: np.ndarray = field(init=False)
+    bin_work: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parts = [list(p) for p in self.parts]
+        self.bin_tokens = _part_sums(self.tokens, self.parts).astype(np.int64)
+        self.bin_work = _part_sums(self.work, self.parts).astype(np.int64)
+
+    def exchange(self, group: int, source: int, target: int) -> None:
+        """Move ``group`` from bin ``source`` to the end of bin ``target``. O(size of ``source``)."""
+        self.parts[source].remove(group)
+        self.parts[target].append(group)
+        self.bin_tokens[source] -= self.tokens[group]
+        self.bin_tokens[target] += self.tokens[group]
+        self.bin_work[source] -= self.work[group]
+        self.bin_work[target] += self.work[group]
+
+    def sort(self) -> None:
+        """Each bin's groups in ascending order (what the next stage and the schedule start from)."""
+        self.parts = [sorted(p) for p in self.parts]
+
+
 def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
     """Bins sorted by workload (heaviest first, ties by first group), cut into slots of ``dp``.
 
@@ -68,15 +112,7 @@ def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -
     return [order[start:start + dp] for start in range(0, len(order), dp)]
 
 
-def _even_slots(
-    parts: list[list[int]],
-    slots: list[list[int]],
-    tokens: np.ndarray,
-    work: np.ndarray,
-    capacity: int,
-    *,
-    moves: bool,
-) -> list[list[int]]:
+def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
     a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
@@ -88,17 +124,16 @@ def _even_slots(
     of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
     resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
     or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
-    passes. ``moves=False`` allows swaps only (each bin keeps its group count:
-    ``equal_samples``). Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
+    passes. ``bins.moves=False`` allows swaps only (each bin keeps its group count:
+    ``equal_samples``). Changes ``bins`` in place, its groups sorted at the end. Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
     per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
     the delta nor the partner's room) is below the best move, and score the heavy bin's first
     :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
     once they reach the step's upper bound: the same trade as the full matrix, usually at a
     fraction of its cost.
     """
-    parts = [list(p) for p in parts]
-    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
-    bin_work = _part_sums(work, parts).astype(np.int64)
+    parts, tokens, work, capacity, moves = bins.parts, bins.tokens, bins.work, bins.capacity, bins.moves
+    bin_tokens, bin_work = bins.bin_tokens, bins.bin_work  # kept current by bins.exchange
     slot_of = np.empty(len(parts), dtype=np.int64)
     for index, slot in enumerate(slots):
         slot_of[slot] = index
@@ -240,12 +275,7 @@ def _even_slots(
         if kind == 1:
             exchanges.append((int(p_items.flat[column]), target, heavy))
         for g, src, dst in exchanges:
-            parts[src].remove(g)
-            parts[dst].append(g)
-            bin_tokens[src] -= tokens[g]
-            bin_tokens[dst] += tokens[g]
-            bin_work[src] -= work[g]
-            bin_work[dst] += work[g]
+            bins.exchange(g, src, dst)
         look_at(heavy)
         look_at(target)
         for touched in {s, int(slot_of[target])}:
@@ -259,7 +289,7 @@ def _even_slots(
         room[grid[s]] = maxima[s] - bin_work[grid[s]]
 
     if all(len(slot) < 2 for slot in slots):
-        return parts
+        return
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
@@ -274,7 +304,7 @@ def _even_slots(
                 changed = True
         if not changed or budget < 0:
             break
-    return [sorted(p) for p in parts]
+    bins.sort()
 
 
 def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -319,15 +349,7 @@ def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int
 POLISH_STEPS_PER_RANK = 4
 
 
-def _polish_ranks(
-    parts: list[list[int]],
-    grid: list[list[int]],
-    tokens: np.ndarray,
-    work: np.ndarray,
-    capacity: int,
-    *,
-    moves: bool,
-) -> list[list[int]]:
+def _polish_ranks(bins: _Bins, grid: list[list[int]]) -> None:
     """Even out rank totals without touching any slot's maximum: single-group moves and swaps
     between the heaviest and the lightest rank's micro-batches of one slot, where the receiving
     micro-batch stays at or below its slot's maximum and within the cap.
@@ -335,14 +357,14 @@ def _polish_ranks(
     Each step applies, over all slots, the trade whose shift is nearest to half the two ranks'
     gap (and below the gap); at most ``POLISH_STEPS_PER_RANK * dp`` steps, stopping when no
     trade narrows the gap or the heaviest rank is within :data:`SLOT_CLOSE_ENOUGH` of the mean. The per-micro-batch step time cannot get worse; the per-step one
-    gets better. ``moves=False``: swaps only. O(steps * t * s^2) vectorised, ``s`` groups per bin.
+    gets better. ``bins.moves=False``: swaps only. Changes ``bins`` in place, its groups sorted
+    at the end. O(steps * t * s^2) vectorised, ``s`` groups per bin.
     """
     dp = len(grid[0]) if grid else 0
     if dp < 2:
-        return parts
-    parts = [list(p) for p in parts]
-    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
-    bin_work = _part_sums(work, parts).astype(np.int64)
+        return
+    parts, tokens, work, capacity, moves = bins.parts, bins.tokens, bins.work, bins.capacity, bins.moves
+    bin_tokens, bin_work = bins.bin_tokens, bins.bin_work  # kept current by bins.exchange
     cells = np.asarray(grid, dtype=np.int64)  # [slots, dp] bins
     for _ in range(POLISH_STEPS_PER_RANK * dp):
         totals = bin_work[cells].sum(axis=0)
@@ -380,27 +402,22 @@ def _polish_ranks(
             break
         _, slot, kind, out_group, in_group = best
         a, b = int(cells[slot, heavy]), int(cells[slot, light])
-        exchanges = [(out_group, a, b)] + ([(in_group, b, a)] if kind == 1 else [])
-        for g, src, dst in exchanges:
-            parts[src].remove(g)
-            parts[dst].append(g)
-            bin_tokens[src] -= tokens[g]
-            bin_tokens[dst] += tokens[g]
-            bin_work[src] -= work[g]
-            bin_work[dst] += work[g]
-    return [sorted(p) for p in parts]
+        bins.exchange(out_group, a, b)
+        if kind == 1:
+            bins.exchange(in_group, b, a)
+    bins.sort()
 
 
 def _aligned(
     parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
-    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
-    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
-    parts = _even_slots(parts, slots, tokens, work, capacity, moves=True)
-    grid = _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
-    parts = _polish_ranks(parts, grid, tokens, work, capacity, moves=True)
-    return parts, grid
+    bins = _Bins(sorted(sorted(part) for part in parts), tokens, work, capacity, moves=True)  # independent of the partitioner
+    slots = _slots_from_bins(bins.parts, bins.bin_work, dp_size)
+    _even_slots(bins, slots)
+    grid = _ranks_within_slots(slots, bins.bin_work, dp_size)
+    _polish_ranks(bins, grid)
+    return bins.parts, grid
 
 
 def _slot_cost(parts: list[list[int]], grid: list[list[int]], work: np.ndarray) -> tuple[int, int]:
