@@ -48,14 +48,15 @@ SLOT_STEPS = 64
 SLOT_BUDGET_PER_SLOT = 64
 
 
-def _some(items: list[int], work: np.ndarray) -> list[int]:
-    """``items``, or :data:`TRADE_ITEMS` of them at evenly spaced workload ranks. O(s log s)."""
-    if len(items) <= TRADE_ITEMS:
-        return items
+def _some(items: list[int], work: np.ndarray) -> np.ndarray:
+    """``items`` (as an int64 array, in their order), or :data:`TRADE_ITEMS` of them at evenly
+    spaced workload ranks. O(s log s)."""
     array = np.asarray(items, dtype=np.int64)
+    if len(array) <= TRADE_ITEMS:
+        return array
     ranked = array[np.argsort(work[array], kind="stable")]
     # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
-    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
+    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)]
 
 
 @dataclass
@@ -379,8 +380,7 @@ def _polish_ranks(bins: _Bins, grid: list[list[int]]) -> None:
             allowance = int(maxima[slot] - bin_work[b])
             if allowance <= 0:
                 continue
-            a_items = np.asarray(_some(parts[a], work), dtype=np.int64)
-            b_items = np.asarray(_some(parts[b], work), dtype=np.int64)
+            a_items, b_items = _some(parts[a], work), _some(parts[b], work)
             limit = min(allowance, diff - 1)
             if moves and len(parts[a]) > 1:
                 w = work[a_items]
