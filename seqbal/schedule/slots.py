@@ -141,6 +141,8 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     once they reach the step's upper bound: the same trade as the full matrix, usually at a
     fraction of its cost.
     """
+    if all(len(slot) < 2 for slot in slots):
+        return
     parts, tokens, work, capacity, moves = bins.parts, bins.tokens, bins.work, bins.capacity, bins.moves
     bin_tokens, bin_work = bins.bin_tokens, bins.bin_work  # kept current by bins.exchange
     slot_of = np.empty(len(parts), dtype=np.int64)
@@ -297,8 +299,6 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         maxima[s] = bin_work[grid[s]].max()
         room[grid[s]] = maxima[s] - bin_work[grid[s]]
 
-    if all(len(slot) < 2 for slot in slots):
-        return
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
