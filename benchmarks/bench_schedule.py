@@ -12,10 +12,19 @@ the per-rank workload imbalance (max / mean of the ranks' total workloads, 1.0 i
 The packer table compares, on the same batches, the bins of first-fit (input order), first-fit
 decreasing and best-fit decreasing with the Martello-Toth lower bound.
 
+The planning-cost mode times ``build_dp_schedule`` on one large global batch (32,768 samples
+over 32 ranks by default) of every workload above, at caps 16384 and 32768, as a ratio to one
+plain best-fit-decreasing pass (``best_fit_decreasing_partitions``) on the same lengths: CPU
+time (``time.process_time``) in one process, the two calls side by side after a garbage
+collection, rounds interleaved over the cases, the median ratio and the worst round reported
+with the schedule's count and step efficiency (the yardstick of ``benchmarks.planning_cost``
+and ``benchmarks.scale``).
+
 Run from the repository root::
 
     python benchmarks/bench_schedule.py            # prints the Markdown tables
     python benchmarks/bench_schedule.py --quick    # fewer batches, for a smoke run
+    python benchmarks/bench_schedule.py --planning-cost [--rounds 5] [--json out.json]
 
 Real length lists are read from ``$SEQBAL_LENGTHS_DIR``, else ``<repo>/../shared/data/lengths``
 or ``<repo>/../../shared/data/lengths``; rows for them are skipped if none is found.
@@ -127,6 +136,30 @@ def batches(name: str, cap: int, count: int, batch: int = BATCH) -> Iterator[tup
         yield data[start:start + size], None
 
 
+#: The families ``benchmarks.driver_and_gather`` times the schedule on (``benchmarks/workloads.py``),
+#: which the planning-cost mode runs too, under their names with this suffix.
+WORKLOAD_FAMILIES = ("lognormal", "bimodal_rl", "uniform", "pareto", "real_qwen_rollouts", "grpo_groups")
+WORKLOADS = " (workloads.py)"
+
+
+def large_batch(name: str, cap: int, n: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """One batch of ``n`` samples: a generated workload's first batch (GRPO (groups kept): every
+    prompt's 8 responses within ``cap``), or a real list drawn with replacement (seeded), clipped."""
+    if name in GENERATED:
+        return next(batches(name, cap, 1, n))
+    if name.endswith(WORKLOADS):  # the families of benchmarks.driver_and_gather (and docs/benchmarks_method.md)
+        from benchmarks import workloads
+
+        family = name[: -len(WORKLOADS)]
+        lengths, group = workloads.families()[family](n, cap, workloads.case_seed(family, n, cap))
+        return lengths, (np.arange(n) // group if group > 1 else None)
+    directory = lengths_dir()
+    assert directory is not None
+    data = np.loadtxt(directory / name, dtype=np.int64)
+    rng = np.random.default_rng([SEED, n, cap])
+    return np.minimum(data[rng.integers(0, len(data), n)], cap), None
+
+
 # ---------------------------------------------------------------------------------------------
 # The two routes
 # ---------------------------------------------------------------------------------------------
@@ -208,6 +241,66 @@ def packers(names: list[str], caps: dict[str, int], count: int, batch: int) -> l
     return rows
 
 
+def planning_cost(
+    names: list[str], caps: list[int], n: int, dp: int, rounds: int, json_path: Optional[str] = None
+) -> list[str]:
+    """``build_dp_schedule`` on ``n`` samples over ``dp`` ranks, in plain BFD passes (see the module
+    docstring); one row per workload and cap."""
+    import gc
+    import json
+    import statistics
+
+    def cpu(fn: Callable[[], object]) -> float:
+        gc.collect()  # every timed call starts from the same collector state
+        start = time.process_time()
+        fn()
+        return time.process_time() - start
+
+    cases = []
+    for name in names:
+        for cap in caps:
+            keep = name == "GRPO (groups kept)" or name == "grpo_groups" + WORKLOADS
+            lengths, groups = large_batch(name, cap, n)
+            cases.append((name, cap, lengths, groups.tolist() if keep else None))
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {(c[0], c[1]): [] for c in cases}
+    results = {}
+    for _ in range(rounds):  # interleaved, so a burst of load hits one round of every case
+        for name, cap, lengths, group_ids in cases:
+            bfd = cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
+            schedule = None
+
+            def build() -> None:
+                nonlocal schedule
+                schedule = build_dp_schedule(lengths, dp, cap, group_ids=group_ids)
+
+            times[(name, cap)].append((bfd, cpu(build)))
+            results[(name, cap)] = schedule
+    rows = [
+        "| workload | samples | ranks | cap | micro-batches per rank | step efficiency per micro-batch / per step "
+        "| BFD pass ms | build_dp_schedule ms | BFD passes (median) | worst round |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    records = []
+    for name, cap, lengths, _ in cases:
+        pairs = times[(name, cap)]
+        ratios = [plan / bfd for bfd, plan in pairs]
+        schedule = results[(name, cap)]
+        efficiency = schedule.step_efficiency()
+        records.append(dict(
+            workload=name, n=n, dp=dp, cap=cap, count=schedule.num_micro_batches, per_micro_batch=efficiency["per_micro_batch"],
+            per_step=efficiency["per_step"], bfd_s=min(b for b, _ in pairs), schedule_s=min(p for _, p in pairs),
+            ratio_median=statistics.median(ratios), ratio_worst=max(ratios),
+        ))
+        rows.append(
+            f"| {name} | {n} | {dp} | {cap} | {schedule.num_micro_batches} | {efficiency['per_micro_batch']:.6f} / "
+            f"{efficiency['per_step']:.6f} | {1e3 * min(b for b, _ in pairs):.0f} | {1e3 * min(p for _, p in pairs):.0f} "
+            f"| {statistics.median(ratios):.1f}x | {max(ratios):.1f}x |"
+        )
+    if json_path:
+        Path(json_path).write_text(json.dumps(records, indent=1))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 batches per workload instead of 20")
@@ -215,6 +308,13 @@ def main() -> None:
     parser.add_argument("--small-batch", type=int, default=256, help="batch of the second, generated-only table")
     parser.add_argument("--cap", type=int, default=8192, help="max_token_len for generated workloads")
     parser.add_argument("--real-cap", type=int, default=8192, help="max_token_len for the real length lists")
+    parser.add_argument("--planning-cost", action="store_true",
+                        help="only the planning cost of build_dp_schedule, in plain BFD passes (see above)")
+    parser.add_argument("--n", type=int, default=32768, help="--planning-cost: samples in the batch")
+    parser.add_argument("--dp", type=int, default=32, help="--planning-cost: ranks")
+    parser.add_argument("--caps", type=int, nargs="*", default=[16384, 32768], help="--planning-cost: caps")
+    parser.add_argument("--rounds", type=int, default=5, help="--planning-cost: interleaved rounds (median reported)")
+    parser.add_argument("--json", help="--planning-cost: also write every row to this JSON file")
     args = parser.parse_args()
     count = 3 if args.quick else 20
     generated = list(GENERATED)
@@ -228,6 +328,12 @@ def main() -> None:
         real = sorted(p.name for p in directory.glob("*.txt"))
         names += real
         caps.update({name: args.real_cap for name in real})
+    if args.planning_cost:
+        print(f"<!-- python benchmarks/bench_schedule.py --planning-cost --rounds {args.rounds}: python "
+              f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} -->\n")
+        names += [family + WORKLOADS for family in WORKLOAD_FAMILIES]
+        print("\n".join(planning_cost(names, args.caps, args.n, args.dp, args.rounds, args.json)))
+        return
     print(f"<!-- python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
           f"up to {count} batches per workload -->\n")
     print(f"### Micro-batches per rank: global schedule vs per-rank route, batch {args.batch}\n")

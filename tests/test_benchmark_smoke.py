@@ -86,6 +86,19 @@ def test_scale_and_driver_harnesses_run():
     assert len(lines) == 2 + len(families) and all(line.startswith("|") for line in lines)
 
 
+def test_schedule_planning_cost_mode_runs(tmp_path):
+    import json
+
+    from benchmarks import bench_schedule
+
+    names = ["Pareto tail", "GRPO (groups kept)", "grpo_groups" + bench_schedule.WORKLOADS]
+    lines = bench_schedule.planning_cost(names, [8192], n=512, dp=4, rounds=1, json_path=str(tmp_path / "cost.json"))
+    assert len(lines) == 2 + len(names) and all(line.startswith("|") for line in lines)
+    records = json.loads((tmp_path / "cost.json").read_text())
+    assert [r["workload"] for r in records] == names
+    assert all(r["count"] >= 1 and 0 < r["per_micro_batch"] <= 1 and r["ratio_median"] > 0 for r in records)
+
+
 def test_exact_counts_harness_runs(capsys):
     from benchmarks import exact_counts
 

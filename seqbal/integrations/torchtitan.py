@@ -91,20 +91,18 @@ def plan_rows(
         [[[[0]], [[1, 2]]]]
     """
     from ..schedule import build_dp_schedule
+    from ..schedule.inputs import raise_if_over
     from ..validation import int_argument, int_array
 
     seq_len = int_argument("seq_len", seq_len)
     local_batch_size = int_argument("local_batch_size", local_batch_size)
     dp_degree = int_argument("dp_degree", dp_degree)
     array = int_array(lengths, "lengths", samples=True)
-    over = np.flatnonzero(array > seq_len)
-    if over.size:
-        index = int(over[0])
-        raise ValueError(
-            f"sample {index} needs {int(array[index])} tokens, which exceeds seq_len={seq_len} "
-            f"({over.size} sample(s) over): torchtitan's Batcher.add_training_samples drops such samples "
-            f"before packing; raise seq_len or truncate them"
-        )
+    raise_if_over(array, seq_len, lambda index, count: (
+        f"sample {index} needs {int(array[index])} tokens, which exceeds seq_len={seq_len} "
+        f"({count} sample(s) over): torchtitan's Batcher.add_training_samples drops such samples "
+        f"before packing; raise seq_len or truncate them"
+    ))
     positions = dp_degree * local_batch_size
     n = len(array)
     if n == 0:

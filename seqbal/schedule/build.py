@@ -36,7 +36,7 @@ from ..workload import balance_workloads
 from .divisor import _too_few_groups
 from .dp_schedule import DPSchedule, _group_maxima, _schedule_of
 from .equal_samples import _check_equal_samples, _equal_samples_schedule
-from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, _workloads
+from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, _workloads, raise_if_over
 from .padded import _padded_model, _padded_schedule
 from .slots import _aligned, _slot_cost
 
@@ -177,8 +177,9 @@ def build_dp_schedule(
 
     Complexity: O(n log n) packing plus one or two capped-balancing passes (O(n t log t)), when
     ``t`` is above the bound ``dp_size`` more on ``n / dp_size`` groups each, and the slot
-    evening (at most ``SLOT_PASSES * (4 g + 16 t / dp)`` vectorised steps, few in practice).
-    About 50 ms for 1024 samples, 1-3 s for 16384 (mostly the capped balancing).
+    evening (at most ``SLOT_BUDGET_PER_SLOT * t / dp + 64`` vectorised steps). At 32,768
+    samples on 32 ranks: 0.1-0.8 s, 4-29 best-fit-decreasing passes on the same lengths, most
+    of it the slot evening (``python benchmarks/bench_schedule.py --planning-cost``).
 
     Examples:
         24 tokens under a cap of 8 pack into 3 micro-batches; 2 ranks need a multiple of 2, so
@@ -213,14 +214,11 @@ def build_dp_schedule(
 
     capacity = cost.sample_capacity(max_token_len)
     under = "" if cost.is_default else f" under the {cost}"
-    over = np.flatnonzero(measured > capacity)
-    if over.size:
-        index = int(over[0])
-        raise ValueError(
-            f"sample {index} has {int(array[index])} tokens{under}, which exceeds max_token_len={max_token_len} "
-            f"({over.size} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
-            f"to at least {int(measured.max())} or truncate those samples"
-        )
+    raise_if_over(measured, capacity, lambda index, count: (
+        f"sample {index} has {int(array[index])} tokens{under}, which exceeds max_token_len={max_token_len} "
+        f"({count} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
+        f"to at least {int(measured.max())} or truncate those samples"
+    ))
     group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
     group_work = _part_sums(work, groups)
     group_costs = group_tokens
@@ -228,16 +226,13 @@ def build_dp_schedule(
         group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
         group_longest = _group_maxima(measured, groups, group_sizes)
         group_costs = group_sizes * group_longest
-    over = np.flatnonzero(group_costs > capacity)
-    if over.size:
-        index = int(over[0])
-        kind = "forced group" if group_ids is None else "group"
-        raise ValueError(
-            f"{kind} exceeds max_token_len: group {index} (samples {groups[index]}) "
-            f"{f'costs {int(group_costs[index])}{under}' if under else f'has {int(group_costs[index])} tokens'} "
-            f"> max_token_len={max_token_len}; raise max_token_len "
-            f"to at least {int(group_costs.max())} or use smaller groups"
-        )
+    kind = "forced group" if group_ids is None else "group"
+    raise_if_over(group_costs, capacity, lambda index, _: (
+        f"{kind} exceeds max_token_len: group {index} (samples {groups[index]}) "
+        f"{f'costs {int(group_costs[index])}{under}' if under else f'has {int(group_costs[index])} tokens'} "
+        f"> max_token_len={max_token_len}; raise max_token_len "
+        f"to at least {int(group_costs.max())} or use smaller groups"
+    ))
     capacity = max(capacity, 1)  # below the packed rounding only empty samples are left: any cap fits
 
     step = dp_size * (num_batches_divided_by or 1)

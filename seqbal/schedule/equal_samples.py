@@ -21,7 +21,7 @@ from ..partition import (
 from ..partition.parts import _part_sums
 from .dp_schedule import DPSchedule, _schedule_of
 from .padded import _padded_work
-from .slots import _even_slots, _polish_ranks
+from .slots import _Bins, _even_slots, _polish_ranks
 
 
 def _check_equal_samples(n: int, groups: list[list[int]], dp_size: int, force_group_size: int) -> None:
@@ -115,7 +115,8 @@ def _equal_samples_schedule(
         columns.append(sorted(own, key=lambda b: (-bin_work[b], parts[b][0])))
     grid = [[columns[r][s] for r in range(dp_size)] for s in range(count)]
     if padded is None:
-        parts = _even_slots(parts, grid, group_tokens, group_work, capacity, moves=False)
-        parts = _polish_ranks(parts, grid, group_tokens, group_work, capacity, moves=False)
-        bin_work = weigh(parts)
+        bins = _Bins(parts, group_tokens, group_work, capacity, moves=False)  # swaps keep every rank's samples
+        _even_slots(bins, grid)
+        _polish_ranks(bins, grid)
+        parts, bin_work = bins.parts, weigh(bins.parts)
     return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)

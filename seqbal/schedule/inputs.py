@@ -21,6 +21,16 @@ WorkloadFn = Callable[[Any], Any]
 
 
 
+def raise_if_over(values: np.ndarray, limit: int, message: Callable[[int, int], str]) -> None:
+    """``ValueError(message(index, count))`` if any value exceeds ``limit``: ``index`` is the first
+    such value's, ``count`` how many there are. Shared by the schedule's checks of samples and
+    groups and by the adapters that name their own setting (torchtitan's ``seq_len``). O(n).
+    """
+    over = np.flatnonzero(values > limit)
+    if over.size:
+        raise ValueError(message(int(over[0]), int(over.size)))
+
+
 def _lengths_array(lengths: Any) -> np.ndarray:
     """Lengths as a 1-D int64 array; ValueError on anything else (tensors are accepted)."""
     return int_array(

@@ -11,10 +11,20 @@ micro-batches on different ranks. So the bins are sorted by workload and cut int
 on every rank (the pipeline order of ``use_dynamic_bsz_balance``). The alternative, ordering
 each rank's micro-batches after a rank-level assignment, cannot move work between ranks any
 more. Every step is bounded by the budgets below, whatever the data.
+
+The evening is most of the schedule's planning time on large batches (thousands of trade steps
+at 32,768 samples on 32 ranks), and each step is a few small array operations, so it is built
+to call NumPy as few times as it can for the same trades: every bin's candidate groups sit in
+one padded row of a matrix (a step gathers its partners' rows at once, and only the two bins a
+trade changes are written again), and a slot's roomiest partners in other slots are chosen
+again only when a trade reached another slot. Each of these keeps the trades of the plain
+version step for step (tests/test_slots.py pins them).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -46,14 +56,58 @@ SLOT_STEPS = 64
 SLOT_BUDGET_PER_SLOT = 64
 
 
-def _some(items: list[int], work: np.ndarray) -> list[int]:
-    """``items``, or :data:`TRADE_ITEMS` of them at evenly spaced workload ranks. O(s log s)."""
-    if len(items) <= TRADE_ITEMS:
-        return items
+def _some(items: list[int], work: np.ndarray) -> np.ndarray:
+    """``items`` (as an int64 array, in their order), or :data:`TRADE_ITEMS` of them at evenly
+    spaced workload ranks. O(s log s)."""
     array = np.asarray(items, dtype=np.int64)
+    if len(array) <= TRADE_ITEMS:
+        return array
     ranked = array[np.argsort(work[array], kind="stable")]
     # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
-    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)].tolist()
+    return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)]
+
+
+@dataclass
+class _Bins:
+    """The micro-batches that group trades reshape, and the rules every trade keeps.
+
+    Shared by the slot evening and the rank polish, which trade the same way: one group moved
+    between two bins, or two swapped, never past ``capacity`` tokens, never emptying a bin.
+    ``parts`` are copies of the caller's lists, changed in place; ``bin_tokens`` and
+    ``bin_work`` (exact int64 sums per bin) follow every :meth:`exchange`.
+    """
+
+    #: group indices per bin
+    parts: list[list[int]]
+    #: tokens per group (under the cost model)
+    tokens: np.ndarray
+    #: workload per group
+    work: np.ndarray
+    #: tokens per bin, at most
+    capacity: int
+    #: whether a single group may move; False: swaps only, so every bin keeps its group count
+    #: (``equal_samples``)
+    moves: bool
+    bin_tokens: np.ndarray = field(init=False)
+    bin_work: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parts = [list(p) for p in self.parts]
+        self.bin_tokens = _part_sums(self.tokens, self.parts).astype(np.int64)
+        self.bin_work = _part_sums(self.work, self.parts).astype(np.int64)
+
+    def exchange(self, group: int, source: int, target: int) -> None:
+        """Move ``group`` from bin ``source`` to the end of bin ``target``. O(size of ``source``)."""
+        self.parts[source].remove(group)
+        self.parts[target].append(group)
+        self.bin_tokens[source] -= self.tokens[group]
+        self.bin_tokens[target] += self.tokens[group]
+        self.bin_work[source] -= self.work[group]
+        self.bin_work[target] += self.work[group]
+
+    def sort(self) -> None:
+        """Each bin's groups in ascending order (what the next stage and the schedule start from)."""
+        self.parts = [sorted(p) for p in self.parts]
 
 
 def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -67,15 +121,7 @@ def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -
     return [order[start:start + dp] for start in range(0, len(order), dp)]
 
 
-def _even_slots(
-    parts: list[list[int]],
-    slots: list[list[int]],
-    tokens: np.ndarray,
-    work: np.ndarray,
-    capacity: int,
-    *,
-    moves: bool,
-) -> list[list[int]]:
+def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
     a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
@@ -87,17 +133,18 @@ def _even_slots(
     of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
     resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
     or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
-    passes. ``moves=False`` allows swaps only (each bin keeps its group count:
-    ``equal_samples``). Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
+    passes. ``bins.moves=False`` allows swaps only (each bin keeps its group count:
+    ``equal_samples``). Changes ``bins`` in place, its groups sorted at the end. Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
     per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
     the delta nor the partner's room) is below the best move, and score the heavy bin's first
     :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
     once they reach the step's upper bound: the same trade as the full matrix, usually at a
     fraction of its cost.
     """
-    parts = [list(p) for p in parts]
-    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
-    bin_work = _part_sums(work, parts).astype(np.int64)
+    if all(len(slot) < 2 for slot in slots):
+        return
+    parts, tokens, work, capacity, moves = bins.parts, bins.tokens, bins.work, bins.capacity, bins.moves
+    bin_tokens, bin_work = bins.bin_tokens, bins.bin_work  # kept current by bins.exchange
     slot_of = np.empty(len(parts), dtype=np.int64)
     for index, slot in enumerate(slots):
         slot_of[slot] = index
@@ -105,86 +152,111 @@ def _even_slots(
     flat_bins = np.concatenate(grid) if grid else np.zeros(0, dtype=np.int64)
     starts = np.cumsum([0] + [len(slot) for slot in slots[:-1]]).astype(np.int64)
     big = np.iinfo(np.int64).min
-    cache: dict[int, np.ndarray] = {}  # bin -> the groups trades look at, until the bin changes
+    # The groups trades look at (:func:`_some`), one row of TRADE_ITEMS per bin, padded: a step
+    # gathers its partners' rows in one indexing instead of a list per bin. A bin's row is
+    # written again only when a trade changes the bin.
+    lanes = np.arange(TRADE_ITEMS)
+    pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
+    picked = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))  # how much of each row is real
+    small = np.flatnonzero(picked <= TRADE_ITEMS)  # rows that are the whole bin, in its order: at once
+    if len(small):
+        flat = np.fromiter(chain.from_iterable(parts[b] for b in small.tolist()), dtype=np.int64)
+        first = np.repeat(np.cumsum(picked[small]) - picked[small], picked[small])
+        pick[np.repeat(small, picked[small]), np.arange(len(flat)) - first] = flat
 
-    def picked(b: int) -> np.ndarray:
-        if b not in cache:
-            cache[b] = np.asarray(_some(parts[b], work), dtype=np.int64)
-        return cache[b]
+    def look_at(b: int) -> None:
+        items = _some(parts[b], work)
+        pick[b, :len(items)] = items
+        picked[b] = len(items)
+
+    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
+        look_at(b)
+    roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
 
     def trade(s: int) -> bool:
         slot = grid[s]
         values = bin_work[slot]
         order = np.argsort(-values, kind="stable")
         heavy, top = int(slot[order[0]]), int(values[order[0]])
-        second = int(values[order[1]]) if len(slot) > 1 else 0
+        # ndarray.mean() on ints: a float64 sum divided by the count (the same float, cheaper call)
+        if top <= SLOT_CLOSE_ENOUGH * (float(np.add.reduce(values, dtype=np.float64)) / len(values)):
+            return False  # also every slot of one bin
+        second = int(values[order[1]])
         third = int(values[order[2]]) if len(slot) > 2 else 0
-        if top <= SLOT_CLOSE_ENOUGH * float(values.mean()):
-            return False
         # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
         kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
-        partners = [int(slot[k]) for k in np.sort(kept)]
+        inner = slot[np.sort(kept)]
         # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
         # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
-        wanted = SLOT_PARTNERS + len(slot)
-        if len(room) > wanted:
-            threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
-            others = np.flatnonzero(room >= threshold)
+        # That is the first SLOT_PARTNERS of the other slots' bins with room, whatever this slot's
+        # rooms are: after a trade inside this slot (or none) the next step of it reuses them.
+        if roomiest[0] == s:
+            others = roomiest[1]
         else:
-            others = np.flatnonzero(room > 0)
-        others = others[slot_of[others] != s]
-        others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
-        partners += others.tolist()
-        if not partners:
+            wanted = SLOT_PARTNERS + len(slot)
+            if len(room) > wanted:
+                threshold = max(int(np.partition(room, len(room) - wanted)[len(room) - wanted]), 1)
+                others = np.flatnonzero(room >= threshold)
+            else:
+                others = np.flatnonzero(room > 0)
+            others = others[slot_of[others] != s]
+            others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
+            roomiest[:] = [s, others]
+        partners = np.concatenate((inner, others))  # in-slot ones first: one gain formula each
+        if not len(partners):
             return False
-        chosen = [picked(b) for b in partners]
-        sizes = np.fromiter(map(len, chosen), dtype=np.int64, count=len(chosen))
-        p_items = np.concatenate(chosen)
-        p_bins = np.repeat(np.asarray(partners, dtype=np.int64), sizes)
-        h_items = picked(heavy)
+        h_items = pick[heavy, :picked[heavy]]
         h_work, h_tok = work[h_items], tokens[h_items]
-        # what the slot's maximum is without the heavy bin and the partner
-        rest = np.where(p_bins == int(slot[order[1]]) if len(slot) > 1 else False, third, second)
-        p_value, p_top = bin_work[p_bins], maxima[slot_of[p_bins]]
+        # per partner bin: its workload, its slot's maximum, its room for tokens, and what this
+        # slot's maximum is without the heavy bin and it
+        p_value, p_top = bin_work[partners], maxima[slot_of[partners]]
+        p_room = capacity - bin_tokens[partners]
+        rest = np.where(partners == slot[order[1]], third, second)
+        n_in = len(inner)
 
-        inside = sum(int(n) for n in sizes[:len(partners) - len(others)])  # columns of this slot's bins
+        # per partner bin: how far it is below the heavy bin, how far the slot's maximum can fall
+        # if the heavy bin and it trade (down to the slot's next bin), how far it is below its
+        # own slot's maximum
+        headroom, fall, space = top - p_value, top - rest, p_top - p_value
 
-        def gains(delta: np.ndarray, ok: np.ndarray, columns: Any, cut: int) -> np.ndarray:
-            # columns [:cut] are bins of this slot, [cut:] of other slots: one formula each
-            value = p_value[columns]
-            d_in, d_out = delta[:, :cut], delta[:, cut:]
-            lifted = value[None, :cut] + d_in
-            gain_in = top - np.maximum(np.maximum(top - d_in, lifted), rest[columns][None, :cut])
-            keep_in = ok[:, :cut] & ((gain_in > 0) | ((gain_in == 0) & (lifted < top)))
-            ceiling = p_top[columns][None, cut:]
-            lifted = value[None, cut:] + d_out
-            gain_out = top - np.maximum(top - d_out, second) - np.maximum(0, lifted - ceiling)
-            keep_out = ok[:, cut:] & ((gain_out > 0) | ((gain_out == 0) & (lifted <= ceiling)))
+        def gains(delta: np.ndarray, ok: np.ndarray, at: np.ndarray, cut: int) -> np.ndarray:
+            # Column c is a trade of ``delta`` workload (> 0 wherever ok) with partner bin at[c].
+            # Columns [:cut]: a bin of this slot, whose new maximum is the largest of the heavy
+            # bin, the partner and the rest; taken if the partner stays below the old maximum.
+            # Columns [cut:]: a bin of another slot, whose maximum rises by what the partner
+            # passes it by; taken if it gains, or at a tie at the top if it rises no maximum.
+            d_in, d_out, inside, outside = delta[:, :cut], delta[:, cut:], at[:cut], at[cut:]
+            gain_in = np.minimum(np.minimum(d_in, headroom[inside] - d_in), fall[inside])
+            keep_in = ok[:, :cut] & (d_in < headroom[inside])
+            over = np.maximum(d_out - space[outside], 0)
+            gain_out = np.minimum(d_out, top - second) - over
+            keep_out = ok[:, cut:] & ((over == 0) if top == second else (gain_out > 0))
             return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
 
-        best = None  # (gain, delta, kind, i, j)
-        first = np.cumsum(sizes) - sizes
-        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= capacity - int(bin_tokens[p_bins[first]].min()):
-            # a move depends on the partner bin only: one column per partner bin (its first item)
-            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(first)))
-            ok = (h_tok[:, None] <= (capacity - bin_tokens[p_bins[first]])[None, :]) & (delta > 0)
-            score = gains(delta, ok, first, len(partners) - len(others))
+        best = None  # (gain, delta, kind, i, partner, column)
+        if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= int(p_room.max()):
+            # a move depends on the partner bin only: one column per partner bin
+            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(partners)))
+            ok = (h_tok[:, None] <= p_room[None, :]) & (delta > 0)
+            score = gains(delta, ok, np.arange(len(partners)), n_in)
             flat = int(np.argmax(score))
             if score.flat[flat] > big:
-                i, c = divmod(flat, len(first))
-                best = (int(score.flat[flat]), int(delta[i, c]), 0, i, int(first[c]))
+                i, c = divmod(flat, len(partners))
+                best = (int(score.flat[flat]), int(h_work[i]), 0, i, c, -1)
         # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
         # min(top - second, the partner's room) in another: columns that cannot reach the best
-        # move's gain (or that no heavy group outweighs) cannot win, and are left out.
+        # move's gain (or that no heavy group outweighs) cannot win, and are left out, as are
+        # the rows' padding. Columns run partner by partner, ``width`` each.
+        width = int(picked[partners].max())  # columns per partner: the longest row, not TRADE_ITEMS
+        p_items = pick[partners, :width]
         p_work = work[p_items]
-        bound = np.minimum(h_work.max() - p_work, np.concatenate((
-            top - np.maximum(rest[:inside], p_value[:inside]),
-            np.minimum(top - second, p_top[inside:] - p_value[inside:]),
-        )))
+        limit = np.where(np.arange(len(partners)) < n_in, np.minimum(fall, headroom), np.minimum(top - second, space))
+        bound = np.where(lanes[None, :width] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
-            k_work, k_tok, k_room = p_work[keep], tokens[p_items[keep]], capacity - bin_tokens[p_bins[keep]]
-            cut, ceiling = int(np.searchsorted(keep, inside)), int(bound[keep].max())
+            at = keep // width
+            k_work, k_tok, k_room = p_work.ravel()[keep], tokens[p_items.ravel()[keep]], p_room[at]
+            cut, ceiling = int(np.searchsorted(keep, n_in * width)), int(bound.ravel()[keep].max())
             found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
             # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
             # reaches it the first maximum is there (usually: the block's few lightest groups).
@@ -194,7 +266,7 @@ def _even_slots(
                     continue
                 shift = h_tok[rows, None] - k_tok[None, :]
                 ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-                score = gains(delta, ok, keep, cut)
+                score = gains(delta, ok, at, cut)
                 flat = int(np.argmax(score))
                 if int(score.flat[flat]) > found[0]:
                     i, c = divmod(flat, len(keep))
@@ -203,35 +275,30 @@ def _even_slots(
                     break
             if found[0] > big:
                 _, i, c = found
-                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(keep[c]))
+                candidate = (found[0], int(h_work[i] - k_work[c]), 1, i, int(at[c]), int(keep[c]))
                 if best is None or candidate[:2] > best[:2]:
                     best = candidate
         if best is None:
             return False
-        _, _, kind, i, j = best
-        group, target = int(h_items[i]), int(p_bins[j])
+        _, _, kind, i, c, column = best
+        group, target = int(h_items[i]), int(partners[c])
         exchanges = [(group, heavy, target)]
         if kind == 1:
-            exchanges.append((int(p_items[j]), target, heavy))
-        cache.pop(heavy, None)
-        cache.pop(target, None)
+            exchanges.append((int(p_items.flat[column]), target, heavy))
         for g, src, dst in exchanges:
-            parts[src].remove(g)
-            parts[dst].append(g)
-            bin_tokens[src] -= tokens[g]
-            bin_tokens[dst] += tokens[g]
-            bin_work[src] -= work[g]
-            bin_work[dst] += work[g]
+            bins.exchange(g, src, dst)
+        look_at(heavy)
+        look_at(target)
         for touched in {s, int(slot_of[target])}:
             refresh(touched)
+        if int(slot_of[target]) != s:
+            roomiest[0] = -1  # another slot's rooms changed: choose again
         return True
 
     def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
         maxima[s] = bin_work[grid[s]].max()
         room[grid[s]] = maxima[s] - bin_work[grid[s]]
 
-    if all(len(slot) < 2 for slot in slots):
-        return parts
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
@@ -246,7 +313,7 @@ def _even_slots(
                 changed = True
         if not changed or budget < 0:
             break
-    return [sorted(p) for p in parts]
+    bins.sort()
 
 
 def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int) -> list[list[int]]:
@@ -291,15 +358,7 @@ def _ranks_within_slots(slots: list[list[int]], bin_work: Sequence[int], dp: int
 POLISH_STEPS_PER_RANK = 4
 
 
-def _polish_ranks(
-    parts: list[list[int]],
-    grid: list[list[int]],
-    tokens: np.ndarray,
-    work: np.ndarray,
-    capacity: int,
-    *,
-    moves: bool,
-) -> list[list[int]]:
+def _polish_ranks(bins: _Bins, grid: list[list[int]]) -> None:
     """Even out rank totals without touching any slot's maximum: single-group moves and swaps
     between the heaviest and the lightest rank's micro-batches of one slot, where the receiving
     micro-batch stays at or below its slot's maximum and within the cap.
@@ -307,14 +366,14 @@ def _polish_ranks(
     Each step applies, over all slots, the trade whose shift is nearest to half the two ranks'
     gap (and below the gap); at most ``POLISH_STEPS_PER_RANK * dp`` steps, stopping when no
     trade narrows the gap or the heaviest rank is within :data:`SLOT_CLOSE_ENOUGH` of the mean. The per-micro-batch step time cannot get worse; the per-step one
-    gets better. ``moves=False``: swaps only. O(steps * t * s^2) vectorised, ``s`` groups per bin.
+    gets better. ``bins.moves=False``: swaps only. Changes ``bins`` in place, its groups sorted
+    at the end. O(steps * t * s^2) vectorised, ``s`` groups per bin.
     """
     dp = len(grid[0]) if grid else 0
     if dp < 2:
-        return parts
-    parts = [list(p) for p in parts]
-    bin_tokens = _part_sums(tokens, parts).astype(np.int64)
-    bin_work = _part_sums(work, parts).astype(np.int64)
+        return
+    parts, tokens, work, capacity, moves = bins.parts, bins.tokens, bins.work, bins.capacity, bins.moves
+    bin_tokens, bin_work = bins.bin_tokens, bins.bin_work  # kept current by bins.exchange
     cells = np.asarray(grid, dtype=np.int64)  # [slots, dp] bins
     for _ in range(POLISH_STEPS_PER_RANK * dp):
         totals = bin_work[cells].sum(axis=0)
@@ -329,8 +388,7 @@ def _polish_ranks(
             allowance = int(maxima[slot] - bin_work[b])
             if allowance <= 0:
                 continue
-            a_items = np.asarray(_some(parts[a], work), dtype=np.int64)
-            b_items = np.asarray(_some(parts[b], work), dtype=np.int64)
+            a_items, b_items = _some(parts[a], work), _some(parts[b], work)
             limit = min(allowance, diff - 1)
             if moves and len(parts[a]) > 1:
                 w = work[a_items]
@@ -352,27 +410,22 @@ def _polish_ranks(
             break
         _, slot, kind, out_group, in_group = best
         a, b = int(cells[slot, heavy]), int(cells[slot, light])
-        exchanges = [(out_group, a, b)] + ([(in_group, b, a)] if kind == 1 else [])
-        for g, src, dst in exchanges:
-            parts[src].remove(g)
-            parts[dst].append(g)
-            bin_tokens[src] -= tokens[g]
-            bin_tokens[dst] += tokens[g]
-            bin_work[src] -= work[g]
-            bin_work[dst] += work[g]
-    return [sorted(p) for p in parts]
+        bins.exchange(out_group, a, b)
+        if kind == 1:
+            bins.exchange(in_group, b, a)
+    bins.sort()
 
 
 def _aligned(
     parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
-    parts = sorted(sorted(part) for part in parts)  # deterministic, independent of the partitioner
-    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
-    parts = _even_slots(parts, slots, tokens, work, capacity, moves=True)
-    grid = _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
-    parts = _polish_ranks(parts, grid, tokens, work, capacity, moves=True)
-    return parts, grid
+    bins = _Bins(sorted(sorted(part) for part in parts), tokens, work, capacity, moves=True)  # independent of the partitioner
+    slots = _slots_from_bins(bins.parts, bins.bin_work, dp_size)
+    _even_slots(bins, slots)
+    grid = _ranks_within_slots(slots, bins.bin_work, dp_size)
+    _polish_ranks(bins, grid)
+    return bins.parts, grid
 
 
 def _slot_cost(parts: list[list[int]], grid: list[list[int]], work: np.ndarray) -> tuple[int, int]:
