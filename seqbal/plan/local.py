@@ -23,7 +23,9 @@ from ..partition import (
     exact as _small_exact,
     packing_lower_bound,
     roundup_divisible,
+    sample_cap as _sample_cap,
     smallest_feasible_partitions,
+    split_bins_to_count,
     windows as _windows,
 )
 from ..validation import check_int64_sums
@@ -57,6 +59,8 @@ class _LocalPlan:
     # Workload per sample under the token cost (what ``group_workloads`` sums), for the
     # pipeline order; None under the padded cost.
     sample_workloads: Optional[np.ndarray] = None
+    # Most groups a part may hold: max_samples_per_micro_batch // group_size; None: no cap.
+    group_cap: Optional[int] = None
 
     @property
     def num_groups(self) -> int:
@@ -67,12 +71,30 @@ class _LocalPlan:
         if count == self.count:
             return self.parts
         if self.windows is not None:
-            return self._windowed_partition(count, self.parts)
-        if self.cost_model.padded:
-            return padded_partitions(self.group_longest, self.group_size, self.capacity, count)
-        return capped_balanced_partitions(
-            self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
-        )
+            candidate = self._windowed_partition(count, self.parts)
+        elif self.cost_model.padded:
+            candidate = padded_partitions(self.group_longest, self.group_size, self.capacity, count)
+        else:
+            candidate = capped_balanced_partitions(
+                self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
+            )
+        if self.group_cap is None:
+            return candidate
+        return self._sample_capped_at(count, candidate)
+
+    def _sample_capped_at(self, count: int, candidate: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
+        """``candidate`` (a partition into ``count`` parts within the cost cap) made to meet the
+        sample cap at the same count (``seqbal.partition.sample_cap``); where it cannot, this
+        rank's own partition (both caps, ``self.count`` parts) split up to ``count``, which
+        keeps both caps: why any count from this rank's up to its groups can be agreed."""
+        capacity = None if self.cost_model.padded or self.windows is not None else self.capacity
+        ones = np.ones(self.num_groups, dtype=np.int64)
+        candidate = _sample_cap.capped_pieces(candidate, self.group_tokens, ones, capacity, self.group_cap)
+        if candidate is not None and len(candidate) == count:
+            return candidate
+        if not len(self.parts) <= count <= self.num_groups:
+            return None
+        return split_bins_to_count(self.parts, self.group_tokens, count)
 
     def fits(self, part: Sequence[int]) -> bool:
         """Whether a non-empty part of groups costs at most the cap under the cost model."""
@@ -81,6 +103,8 @@ class _LocalPlan:
         if self.windows is not None:
             starts, stops = self.windows
             return _windows.window_cost(part, starts, stops, self.group_size, self.cost_model.round_to) <= self.capacity
+        if self.group_cap is not None and len(part) > self.group_cap:
+            return False
         if self.cost_model.padded:
             return len(part) * self.group_size * int(self.group_longest[part].max()) <= self.capacity
         return int(self.group_tokens[part].sum()) <= self.capacity
@@ -126,8 +150,14 @@ def _local_plan(
     cost_model: CostModel = CostModel(),
     windows: Optional[tuple[np.ndarray, np.ndarray]] = None,
     short_ok: bool = False,
+    max_samples: Optional[int] = None,
 ) -> _LocalPlan:
     """This rank's smallest feasible count and a partition at it.
+
+    With ``max_samples`` (``max_samples_per_micro_batch``) a part holds at most
+    ``max_samples // force_group_size`` groups: the count starts at that bound
+    (:func:`seqbal.partition.sample_cap.sample_count_bound`) and every partition is made to
+    meet it (:func:`_meet_sample_cap`).
 
     With ``short_ok`` (synced dummy micro-batches) a count above the number of groups is not
     an error: the plan keeps it as this rank's proposal and one group per part as its
@@ -139,6 +169,14 @@ def _local_plan(
             f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
         )
     g = force_group_size
+    if max_samples is not None and g > max_samples:
+        raise MicroBatchPlanError(
+            f"forced group of {g} samples exceeds max_samples_per_micro_batch={max_samples}: samples i*{g} .. "
+            f"i*{g}+{g - 1} must share a micro-batch, which may hold only {max_samples}; raise "
+            f"max_samples_per_micro_batch to at least {g} or lower force_group_size",
+            MicroBatchPlanError.GROUP_EXCEEDS_SAMPLES,
+        )
+    group_cap = None if max_samples is None else max_samples // g
     windows = windows if cost_model.padded else None  # only a padded forward pays for the window
     if windows is not None:
         # Trimmed, a sample costs the width of its window (first to last token), not its count.
@@ -185,6 +223,8 @@ def _local_plan(
         )
     step = num_batches_divided_by or 1
     min_count = min_num_micro_batch or 1
+    if group_cap is not None:  # no partition has fewer parts: the count search starts there
+        min_count = max(min_count, _sample_cap.sample_count_bound(np.ones(len(group_tokens), dtype=np.int64), group_cap))
     sample_workloads = None  # set under the token cost, below
     # A cap below the packed rounding leaves room only for empty samples (checked above), which
     # fit any positive capacity: the partitioner needs one.
@@ -208,11 +248,16 @@ def _local_plan(
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
+        if group_cap is not None:  # balance the groups' count too (seqbal.partition.sample_cap)
+            group_workloads = _sample_cap.with_count_weight(group_workloads)
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
-        if step > 1 and parts is not None:
+        if step > 1 and parts is not None and group_cap is None:
             count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
+    if group_cap is not None and parts is not None:
+        capacity = None if cost_model.padded else sample_capacity
+        count, parts = _meet_sample_cap(parts, count, group_tokens, group_workloads, capacity, group_cap, min_count, step)
     if parts is None and short_ok:
         parts = [[group] for group in range(len(group_tokens))]
     if parts is None:
@@ -220,15 +265,59 @@ def _local_plan(
         raise MicroBatchPlanError(
             f"Cannot satisfy max_token_len={max_token_len}{model}: {int(lengths.sum())} tokens in "
             f"{len(group_tokens)} group(s) of {g} sample(s) need at least {count} micro-batches "
-            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}), "
+            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}"
+            + ("" if max_samples is None else f", max_samples_per_micro_batch={max_samples}")
+            + "), "
             f"but only {len(group_tokens)} non-empty micro-batches can be formed; raise max_token_len, "
             f"lower min_num_micro_batch or num_batches_divided_by, or give this rank more samples",
             MicroBatchPlanError.CANNOT_SATISFY,
         )
     return _LocalPlan(
         group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows,
-        sample_workloads,
+        sample_workloads, group_cap,
     )
+
+
+#: Counts above the token search's that the sample repair tries (each a balance and a repair)
+#: before the over-full parts are split: the repair only moves items, so where the token cap
+#: is tight at the search's count a step or two more room is usually all it needs (trades a
+#: balance pass per try against the parts a split adds).
+SAMPLE_CAP_TRIES = 2
+
+
+def _meet_sample_cap(
+    parts: list[list[int]],
+    count: int,
+    group_tokens: np.ndarray,
+    group_workloads: np.ndarray,
+    capacity: Optional[int],
+    group_cap: int,
+    min_count: int,
+    step: int,
+) -> tuple[int, Optional[list[list[int]]]]:
+    """``(count, parts)`` made to hold at most ``group_cap`` groups per part: repaired at the
+    same count where ``capacity`` (the token cost) is given and the repair succeeds, else
+    balanced and repaired at up to :data:`SAMPLE_CAP_TRIES` counts above, else the over-full
+    parts split (:mod:`seqbal.partition.sample_cap`) and the count raised to the next allowed
+    one by splitting further (:func:`split_bins_to_count`), whichever count is lower. Splitting
+    never breaks a cap, so the result meets both; ``(count, None)`` where the count exceeds
+    the groups."""
+    ones = np.ones(len(group_tokens), dtype=np.int64)
+    pieces = _sample_cap.capped_pieces(parts, group_tokens, ones, capacity, group_cap)
+    if len(pieces) == count:
+        return count, pieces
+    split_count = roundup_divisible(max(min_count, len(pieces)), step)
+    for tried in range(count + step, min(split_count, len(group_tokens) + 1), step):
+        if capacity is None or tried > count + SAMPLE_CAP_TRIES * step:
+            break
+        balanced = capped_balanced_partitions(group_tokens, group_workloads, capacity, tried, feasible=parts)
+        repaired, fixed = _sample_cap.repair_sample_cap(balanced, group_tokens, ones, capacity, group_cap)
+        if fixed:
+            return tried, repaired
+    count = split_count
+    if count > len(group_tokens):
+        return count, None
+    return count, split_bins_to_count(pieces, group_tokens, count)
 
 
 def _one_multiple_lower(
@@ -291,6 +380,7 @@ def _local_stage(
     *,
     capture_unexpected: bool,
     synced: bool = False,
+    max_samples_per_micro_batch: Any = None,
 ) -> _LocalStage:
     """Validate and plan on this rank's own data, capturing the error instead of raising it.
 
@@ -302,7 +392,7 @@ def _local_stage(
     try:
         arguments = _validate_arguments(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
-            dummy_micro_batches,
+            dummy_micro_batches, max_samples_per_micro_batch,
         )
         measured = get_lengths()
         windows = None
@@ -327,6 +417,7 @@ def _local_stage(
             arguments.cost_model,
             windows,
             short_ok=synced and arguments.dummy_micro_batches,
+            max_samples=arguments.max_samples_per_micro_batch,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:
