@@ -97,17 +97,18 @@ def repair_sample_cap(
 
     Each step takes an over-full part and either moves one of its items, smallest tokens
     first, to the part with the most token room among those with sample room for it, or, when
-    no item fits anywhere (the token cap is tight), exchanges two of its items for one of a
-    part with sample room (one of the :data:`EXCHANGE_PARTS` roomiest) whose tokens are close
-    to the pair's. A step never breaks the token cap of a part within it, never empties a part,
+    no item fits anywhere (the token cap is tight), exchanges a run of two or more of its items
+    (consecutive by tokens, the longest run that fits first) for one item of a part with sample
+    room (one of the :data:`EXCHANGE_PARTS` roomiest) whose tokens are close to the run's: many
+    short samples for one long one. A step never breaks the token cap of a part within it, never empties a part,
     never fills a receiver past the sample cap, and lowers the total sample excess, so the
     repair ends after at most that excess in steps. Returns the parts (sorted) and whether
     every part is now within the sample cap; a part it could not fix is left over it (see
     :func:`split_to_sample_cap`).
 
     Complexity: O(n log n) for the order, plus O(log k) per move (receivers kept in a heap by
-    token room), plus O(EXCHANGE_PARTS * |receiver| * s log s) per exchange (``s`` items in the
-    over-full part).
+    token room), plus O(EXCHANGE_PARTS * |receiver| * M * s) per exchange (``s`` items in the
+    over-full part, ``M`` the sample cap).
 
     >>> repair_sample_cap([[0, 1, 2], [3]], np.array([4, 1, 1, 5]), np.array([1, 1, 1, 1]), 10, 2)
     ([[0, 2], [1, 3]], True)
@@ -163,12 +164,12 @@ def repair_sample_cap(
         return False
 
     def exchange(p: int) -> bool:
-        """Two items of ``p`` for one of a roomy receiver, both within the token cap."""
+        """A run of ``j >= 2`` items of ``p`` (consecutive by tokens) for one of a roomy receiver."""
         members = sorted(parts[p], key=lambda i: (int(tokens[i]), i))
-        if len(members) < 3:
+        if len(members) < 2:
             return False
-        sizes = tokens[members].astype(np.int64)
-        masses = weights[members].astype(np.int64)
+        sizes = np.concatenate(([0], np.cumsum(tokens[members].astype(np.int64))))
+        masses = np.concatenate(([0], np.cumsum(weights[members].astype(np.int64))))
         room_p = capacity - token_sums[p]
         seen: set[int] = set()
         receivers = []
@@ -178,26 +179,24 @@ def repair_sample_cap(
                 receivers.append(q)
                 if len(receivers) == EXCHANGE_PARTS:
                     break
-        ahead = np.arange(1, len(members) + 1)
         for q in receivers:
-            room_q = capacity - token_sums[q]
+            room_q, sample_room = capacity - token_sums[q], max_samples - sample_sums[q]
             for c in parts[q]:
                 size_c, mass_c = int(tokens[c]), int(weights[c])
-                # a + b in [c - room_p, c + room_q], the pair the smallest such (a < b by rank).
-                first = np.maximum(np.searchsorted(sizes, size_c - room_p - sizes), ahead)
-                valid = first < len(members)
-                partner = np.minimum(first, len(members) - 1)
-                pair = sizes + sizes[partner]
-                pair_mass = masses + masses[partner]
-                valid &= (pair <= size_c + room_q) & (pair_mass > mass_c)
-                valid &= sample_sums[q] + pair_mass - mass_c <= max_samples
-                hits = np.flatnonzero(valid)
-                if hits.size:
-                    i = int(hits[0])
-                    a, b = members[i], members[int(partner[i])]
+                # j items out of p, c in: p's tokens must stay within the cap (the run weighs at
+                # least c - room_p) and q's too (at most c + room_q); q gains samples, p loses some.
+                longest = min(len(members), sample_room + mass_c + 1)  # p may end below the cap
+                for j in range(longest, 1, -1):
+                    runs = sizes[j:] - sizes[:-j]  # tokens of each run of j, ascending in its start
+                    start = int(np.searchsorted(runs, size_c - room_p))
+                    if start == len(runs) or runs[start] > size_c + room_q:
+                        continue
+                    gained = int(masses[start + j] - masses[start]) - mass_c
+                    if gained <= 0 or gained > sample_room:
+                        continue
+                    for item in members[start:start + j]:
+                        shift(item, p, q)
                     shift(c, q, p)
-                    shift(a, p, q)
-                    shift(b, p, q)
                     return True
         return False
 
