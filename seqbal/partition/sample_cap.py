@@ -29,6 +29,7 @@ partitioner for a constraint most callers do not set. Each item weighs the sampl
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from typing import Optional, Sequence
 
@@ -122,6 +123,7 @@ def repair_sample_cap(
     # Receivers: parts with sample room, most token room first (lazy entries, checked on pop).
     heap = [(token_sums[p] - capacity, p) for p, samples in enumerate(sample_sums) if samples < max_samples]
     heapq.heapify(heap)
+    max_weight = int(weights.max())
 
     def live(entry: tuple[int, int]) -> bool:
         return sample_sums[entry[1]] < max_samples and entry[0] == token_sums[entry[1]] - capacity
@@ -168,30 +170,37 @@ def repair_sample_cap(
         members = sorted(parts[p], key=lambda i: (int(tokens[i]), i))
         if len(members) < 2:
             return False
-        sizes = np.concatenate(([0], np.cumsum(tokens[members].astype(np.int64))))
-        masses = np.concatenate(([0], np.cumsum(weights[members].astype(np.int64))))
-        room_p = capacity - token_sums[p]
-        seen: set[int] = set()
-        receivers = []
+        receivers, seen = [], {p}
         for negative_room, q in heapq.nsmallest(EXCHANGE_PARTS * 2, heap):
-            if q != p and q not in seen and live((negative_room, q)):
+            if q not in seen and live((negative_room, q)):
                 seen.add(q)
                 receivers.append(q)
                 if len(receivers) == EXCHANGE_PARTS:
                     break
+        if not receivers:
+            return False
+        sizes = np.concatenate(([0], np.cumsum(tokens[members].astype(np.int64))))
+        masses = np.concatenate(([0], np.cumsum(weights[members].astype(np.int64)))).tolist()
+        longest_run = min(len(members), max(max_samples - sample_sums[q] for q in receivers) + max_weight + 1)
+        # runs[j]: tokens of every run of j consecutive items, ascending in its start (Python
+        # lists: a step bisects them hundreds of times, where NumPy's call overhead dominates).
+        runs = {j: (sizes[j:] - sizes[:-j]).tolist() for j in range(2, longest_run + 1)}
+        room_p = capacity - token_sums[p]
         for q in receivers:
             room_q, sample_room = capacity - token_sums[q], max_samples - sample_sums[q]
             for c in parts[q]:
                 size_c, mass_c = int(tokens[c]), int(weights[c])
                 # j items out of p, c in: p's tokens must stay within the cap (the run weighs at
                 # least c - room_p) and q's too (at most c + room_q); q gains samples, p loses some.
-                longest = min(len(members), sample_room + mass_c + 1)  # p may end below the cap
-                for j in range(longest, 1, -1):
-                    runs = sizes[j:] - sizes[:-j]  # tokens of each run of j, ascending in its start
-                    start = int(np.searchsorted(runs, size_c - room_p))
-                    if start == len(runs) or runs[start] > size_c + room_q:
+                low, high = size_c - room_p, size_c + room_q
+                for j in range(min(longest_run, sample_room + mass_c + 1), 1, -1):
+                    run = runs[j]
+                    if run[-1] < low or run[0] > high:
                         continue
-                    gained = int(masses[start + j] - masses[start]) - mass_c
+                    start = bisect.bisect_left(run, low)
+                    if run[start] > high:
+                        continue
+                    gained = masses[start + j] - masses[start] - mass_c
                     if gained <= 0 or gained > sample_room:
                         continue
                     for item in members[start:start + j]:
@@ -243,6 +252,36 @@ def split_to_sample_cap(parts: Sequence[Sequence[int]], weights: np.ndarray, max
     return kept + pieces
 
 
+def dealt_within_caps(
+    tokens: np.ndarray, weights: np.ndarray, capacity: int, max_samples: int, k: int
+) -> Optional[list[list[int]]]:
+    """The items by tokens, largest first, dealt to ``k`` parts in snake order (0 .. k-1, then
+    k-1 .. 0, ...), if that meets both caps; else None.
+
+    Where the sample cap binds tightly (about ``max_samples`` items per part at ``k``) every
+    part must take long and short items alike, and the snake deal does exactly that: each part
+    gets ``ceil(n / k)`` items or one fewer, the largest paired with the smallest (for two per
+    part the best pairing there is), with near-equal token sums. O(n log n).
+
+    >>> dealt_within_caps(np.array([9, 1, 8, 2]), np.ones(4, dtype=np.int64), 10, 2, 2)
+    [[0, 1], [2, 3]]
+    """
+    if not 1 <= k <= len(tokens):
+        return None
+    order = np.argsort(-tokens, kind="stable")
+    position = np.arange(len(order))
+    lap, seat = np.divmod(position, k)
+    label = np.empty(len(order), dtype=np.int64)
+    label[order] = np.where(lap % 2 == 0, seat, k - 1 - seat)
+    if (np.bincount(label, weights=weights, minlength=k) > max_samples).any():
+        return None
+    if (np.bincount(label, weights=tokens, minlength=k) > capacity).any():
+        return None
+    by_part = np.argsort(label, kind="stable")
+    bounds = np.searchsorted(label[by_part], np.arange(k + 1))
+    return [by_part[bounds[c]:bounds[c + 1]].tolist() for c in range(k)]
+
+
 def peel_to_sample_cap(
     parts: Sequence[Sequence[int]], tokens: np.ndarray, weights: np.ndarray, capacity: int, max_samples: int
 ) -> list[list[int]]:
@@ -287,18 +326,23 @@ def capped_pieces(
     weights: np.ndarray,
     capacity: Optional[int],
     max_samples: int,
+    *,
+    repaired: bool = False,
 ) -> Optional[list[list[int]]]:
     """``parts`` made to meet the sample cap: repaired (where ``capacity`` is given, the token
-    cost), then, where the repair could not, peeled (:func:`peel_to_sample_cap`, token cost
-    only) or split (:func:`split_to_sample_cap`), whichever gives fewer parts. Same count when the repair succeeds, more
-    otherwise; every cap ``parts`` met still holds. None stays None. O(n log n) plus the repair.
+    cost, and ``repaired`` does not say it already was), then, where the repair could not,
+    peeled (:func:`peel_to_sample_cap`, token cost only) or split
+    (:func:`split_to_sample_cap`), whichever gives fewer parts. Same count when the repair
+    succeeds, more otherwise; every cap ``parts`` met still holds. None stays None. O(n log n)
+    plus the repair.
     """
     if parts is None:
         return None
     if capacity is not None:
-        parts, fixed = repair_sample_cap(parts, tokens, weights, capacity, max_samples)
-        if fixed:
-            return parts
+        if not repaired:
+            parts, fixed = repair_sample_cap(parts, tokens, weights, capacity, max_samples)
+            if fixed:
+                return parts
         peeled = peel_to_sample_cap(parts, tokens, weights, capacity, max_samples)
         split = split_to_sample_cap(parts, weights, max_samples)
         return peeled if len(peeled) <= len(split) else split

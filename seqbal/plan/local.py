@@ -92,6 +92,13 @@ class _LocalPlan:
         candidate = _sample_cap.capped_pieces(candidate, self.group_tokens, ones, capacity, self.group_cap)
         if candidate is not None and len(candidate) == count:
             return candidate
+        if capacity is not None and len(self.parts) <= count <= self.num_groups:  # count-weighted, as _meet_sample_cap
+            counted = _sample_cap.with_count_weight(self.group_workloads)
+            balanced = capped_balanced_partitions(self.group_tokens, counted, capacity, count, feasible=self.parts)
+            if balanced is not None:
+                repaired, fixed = _sample_cap.repair_sample_cap(balanced, self.group_tokens, ones, capacity, self.group_cap)
+                if fixed:
+                    return repaired
         if not len(self.parts) <= count <= self.num_groups:
             return None
         return split_bins_to_count(self.parts, self.group_tokens, count)
@@ -248,8 +255,6 @@ def _local_plan(
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
-        if group_cap is not None:  # balance the groups' count too (seqbal.partition.sample_cap)
-            group_workloads = _sample_cap.with_count_weight(group_workloads)
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
@@ -278,11 +283,11 @@ def _local_plan(
     )
 
 
-#: Counts above the token search's that the sample repair tries (each a balance and a repair)
-#: before the over-full parts are split: the repair only moves items, so where the token cap
-#: is tight at the search's count a step or two more room is usually all it needs (trades a
-#: balance pass per try against the parts a split adds).
-SAMPLE_CAP_TRIES = 2
+#: Counts the sample repair tries after the token search's partition failed it, from that
+#: count up: each a balance on workloads that weigh the groups' count too
+#: (:func:`seqbal.partition.sample_cap.with_count_weight`) and a repair, before the over-full
+#: parts are peeled or split (trades a balance pass per try against the parts a split adds).
+SAMPLE_CAP_TRIES = 3
 
 
 def _meet_sample_cap(
@@ -295,26 +300,36 @@ def _meet_sample_cap(
     min_count: int,
     step: int,
 ) -> tuple[int, Optional[list[list[int]]]]:
-    """``(count, parts)`` made to hold at most ``group_cap`` groups per part: repaired at the
-    same count where ``capacity`` (the token cost) is given and the repair succeeds, else
-    balanced and repaired at up to :data:`SAMPLE_CAP_TRIES` counts above, else the over-full
-    parts split (:mod:`seqbal.partition.sample_cap`) and the count raised to the next allowed
-    one by splitting further (:func:`split_bins_to_count`), whichever count is lower. Splitting
-    never breaks a cap, so the result meets both; ``(count, None)`` where the count exceeds
-    the groups."""
+    """``(count, parts)`` made to hold at most ``group_cap`` groups per part.
+
+    Under the token cost (``capacity`` given): the search's partition repaired at its count
+    (where the cap does not bind nothing moves, and the plan is the plain one); else, at
+    :data:`SAMPLE_CAP_TRIES` counts from it up, the snake deal where it meets both caps, or a
+    balance on count-weighted workloads, repaired.
+    Then, and under the padded cost at once, the over-full parts peeled or split
+    (:mod:`seqbal.partition.sample_cap`) and the count raised to the next allowed one by
+    splitting further (:func:`split_bins_to_count`). Splitting never breaks a cap, so the
+    result meets both; ``(count, None)`` where the count exceeds the groups."""
     ones = np.ones(len(group_tokens), dtype=np.int64)
-    pieces = _sample_cap.capped_pieces(parts, group_tokens, ones, capacity, group_cap)
-    if len(pieces) == count:
-        return count, pieces
-    split_count = roundup_divisible(max(min_count, len(pieces)), step)
-    for tried in range(count + step, min(split_count, len(group_tokens) + 1), step):
-        if capacity is None or tried > count + SAMPLE_CAP_TRIES * step:
-            break
-        balanced = capped_balanced_partitions(group_tokens, group_workloads, capacity, tried, feasible=parts)
-        repaired, fixed = _sample_cap.repair_sample_cap(balanced, group_tokens, ones, capacity, group_cap)
+    repaired = parts
+    if capacity is not None:
+        repaired, fixed = _sample_cap.repair_sample_cap(parts, group_tokens, ones, capacity, group_cap)
         if fixed:
-            return tried, repaired
-    count = split_count
+            return count, repaired
+        counted = _sample_cap.with_count_weight(group_workloads)
+        for tried in range(count, min(count + SAMPLE_CAP_TRIES * step, len(group_tokens) + 1), step):
+            dealt = _sample_cap.dealt_within_caps(group_tokens, ones, capacity, group_cap, tried)
+            if dealt is not None:
+                return tried, dealt
+            balanced = capped_balanced_partitions(group_tokens, counted, capacity, tried, feasible=parts)
+            if balanced is None:
+                continue
+            again, fixed = _sample_cap.repair_sample_cap(balanced, group_tokens, ones, capacity, group_cap)
+            if fixed:
+                return tried, again
+    # The search's partition as far as the repair got it (never over the token cap), peeled or split.
+    pieces = _sample_cap.capped_pieces(repaired, group_tokens, ones, capacity, group_cap, repaired=True)
+    count = roundup_divisible(max(min_count, len(pieces)), step)
     if count > len(group_tokens):
         return count, None
     return count, split_bins_to_count(pieces, group_tokens, count)

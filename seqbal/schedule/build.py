@@ -166,8 +166,8 @@ def build_dp_schedule(
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch (a
             group counts its samples). The count starts at the bound on samples
             (:func:`seqbal.partition.sample_cap.sample_count_bound`), the partition of step 3 is
-            made to meet it (:func:`seqbal.partition.sample_cap.capped_pieces`, raising the
-            count where it must), and steps 5-6 keep it: their moves are dropped where they
+            made to meet it (repaired, else dealt in snake order, else peeled or split:
+            :mod:`seqbal.partition.sample_cap`, raising the count only there), and steps 5-6 keep it: their moves are dropped where they
             would break it (swaps only for groups of one size, else no evening). Not yet with
             ``equal_samples`` or a padded cost model (a ``ValueError``). Default None (no cap).
 
@@ -297,7 +297,11 @@ def build_dp_schedule(
     if parts is None or len(parts) != count:  # step 4 of capped_balanced_partitions guarantees this
         raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
     if max_samples is not None:
-        parts = _sample_cap.capped_pieces(parts, group_tokens, group_samples, capacity, max_samples)
+        repaired, fixed = _sample_cap.repair_sample_cap(parts, group_tokens, group_samples, capacity, max_samples)
+        dealt = None if fixed else _sample_cap.dealt_within_caps(group_tokens, group_samples, capacity, max_samples, count)
+        parts = repaired if fixed else dealt or _sample_cap.capped_pieces(
+            repaired, group_tokens, group_samples, capacity, max_samples, repaired=True
+        )
         if len(parts) > count:  # the repair could not keep the count: split up to the next multiple
             count = roundup_divisible(len(parts), step)
             if count > len(groups):
