@@ -130,6 +130,18 @@ def test_build_dp_schedule_keeps_both_caps(case, dp_size, by_ids):
                                min_num_micro_batch=minimum, max_samples_per_micro_batch=max_samples, **group_kwargs)
 
 
+@pytest.mark.parametrize("max_samples", [1, 2, 3, 5])
+def test_trimmed_padded_micro_batches_keep_the_sample_cap(max_samples):
+    """trim_padding under the padded cost plans on windows, a route of its own."""
+    lengths = np.random.default_rng(7).integers(1, 60, 24).tolist()
+    kwargs = dict(cost_model="padded", trim_padding=True, max_samples_per_micro_batch=max_samples)
+    micro_batches, indices = rearrange_micro_batches(dense_batch(lengths, seq_len=64), 240, **kwargs)
+    assert_plan_invariants(lengths, indices, 240, cost_model="padded", max_samples_per_micro_batch=max_samples)
+    plans = plan_data_parallel([lengths, lengths[::-1]], 240, cost_model="padded", max_samples_per_micro_batch=max_samples)
+    for rank_lengths, parts in zip([lengths, lengths[::-1]], plans):
+        assert_plan_invariants(rank_lengths, parts, 240, cost_model="padded", max_samples_per_micro_batch=max_samples)
+
+
 def test_count_is_driven_by_the_sample_cap():
     assert len(plan_micro_batches([1] * 100, 10**6, max_samples_per_micro_batch=8)) == 13
     # a forced group of 3 counts 3: 2 groups per micro-batch of at most 7 samples

@@ -104,14 +104,15 @@ class _LocalPlan:
         return split_bins_to_count(self.parts, self.group_tokens, count)
 
     def fits(self, part: Sequence[int]) -> bool:
-        """Whether a non-empty part of groups costs at most the cap under the cost model."""
+        """Whether a non-empty part of groups costs at most the cap under the cost model (and
+        holds at most ``group_cap`` groups, where the sample cap is given)."""
         if not len(part):
             return False
+        if self.group_cap is not None and len(part) > self.group_cap:
+            return False  # the sample cap, whatever the cost model
         if self.windows is not None:
             starts, stops = self.windows
             return _windows.window_cost(part, starts, stops, self.group_size, self.cost_model.round_to) <= self.capacity
-        if self.group_cap is not None and len(part) > self.group_cap:
-            return False
         if self.cost_model.padded:
             return len(part) * self.group_size * int(self.group_longest[part].max()) <= self.capacity
         return int(self.group_tokens[part].sum()) <= self.capacity
@@ -258,6 +259,7 @@ def _local_plan(
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
+        # Under the sample cap the exact search's lower multiple would ignore it: not tried.
         if step > 1 and parts is not None and group_cap is None:
             count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
     if group_cap is not None and parts is not None:
