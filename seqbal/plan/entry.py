@@ -104,7 +104,7 @@ def plan_micro_batches(
         >>> plan_micro_batches([6, 1, 1, 1, 5, 1], max_token_len=12, cost_model="padded")  # 2 x 6, 4 x 1
         [[0, 4], [1, 2, 3, 5]]
         >>> plan_micro_batches([1] * 6, max_token_len=100, max_samples_per_micro_batch=4)  # ceildiv(6, 4) = 2
-        [[0, 2, 4], [1, 3, 5]]
+        [[1, 2, 4], [0, 3, 5]]
     """
     return _plan(
         lambda: seq_lens,
