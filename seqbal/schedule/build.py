@@ -168,8 +168,9 @@ def build_dp_schedule(
             (:func:`seqbal.partition.sample_cap.sample_count_bound`), the partition of step 3 is
             made to meet it (repaired, else dealt in snake order, else peeled or split:
             :mod:`seqbal.partition.sample_cap`, raising the count only there), and steps 5-6 keep it: their moves are dropped where they
-            would break it (swaps only for groups of one size, else no evening). Not yet with
-            ``equal_samples`` or a padded cost model (a ``ValueError``). Default None (no cap).
+            would break it (swaps only for groups of one size, else no evening). Under the
+            padded cost, runs over it are split. Not yet with ``equal_samples`` (a
+            ``ValueError``). Default None (no cap).
 
     Returns:
         A :class:`DPSchedule`. Guarantees: the same count on every rank; every sample exactly
@@ -217,7 +218,7 @@ def build_dp_schedule(
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     if equal_samples:
         _check_equal_samples(len(array), groups, dp_size, force_group_size)
-    max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids, equal_samples, cost)
+    max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids, equal_samples)
     measured = cost.rounded(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
     work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
@@ -266,7 +267,7 @@ def build_dp_schedule(
     if cost.padded:
         return _padded_schedule(
             array, work, groups, group_sizes, group_longest, capacity, dp_size, step, floor, max_token_len,
-            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance,
+            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance, max_samples,
         )
     packing = best_fit_decreasing_partitions(group_tokens, capacity)
     target = roundup_divisible(max(len(packing), floor), step)
@@ -333,18 +334,16 @@ def build_dp_schedule(
 
 def _check_sample_cap(
     max_samples: Optional[int], groups: list[list[int]], group_ids: Optional[Sequence[Hashable]], equal_samples: bool,
-    cost: CostModel,
 ) -> Optional[int]:
     """``max_samples_per_micro_batch`` as an int (None stays None), or the ``ValueError``: not a
     positive int, a group of more samples, or a route that does not take it yet."""
     if max_samples is None:
         return None
     max_samples = int_argument("max_samples_per_micro_batch", max_samples, expected="None or a positive int")
-    if equal_samples or cost.padded:
+    if equal_samples:
         raise ValueError(
-            f"max_samples_per_micro_batch={max_samples} is not supported with "
-            f"{'equal_samples=True' if equal_samples else 'a padded cost model'} yet: plan per rank with "
-            f"seqbal.plan_data_parallel, which takes both"
+            f"max_samples_per_micro_batch={max_samples} is not supported with equal_samples=True yet: plan per "
+            f"rank with seqbal.plan_data_parallel, which takes both"
         )
     largest = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))
     if len(groups[largest]) > max_samples:
