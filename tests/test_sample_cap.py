@@ -240,3 +240,14 @@ def test_sample_count_bound():
     assert sample_cap.sample_count_bound(np.ones(17, dtype=np.int64), 4) == 5
     assert sample_cap.sample_count_bound(np.full(6, 3), 8) == 3  # 2 groups of 3 per part of 8
     assert sample_cap.sample_count_bound(np.array([5, 5, 5, 1]), 8) == 3  # no two fives share a part
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(300, 2000), st.integers(1, 12))
+def test_padded_count_is_the_fewest_runs_under_both_caps(lengths, cap, max_samples):
+    """Under the padded cost with groups of one size the runs of the length-sorted samples under
+    both caps are the fewest parts there are; the plan needs no more."""
+    parts = plan_micro_batches(lengths, cap, cost_model="padded", max_samples_per_micro_batch=max_samples)
+    assert_plan_invariants(lengths, parts, cap, cost_model="padded", max_samples_per_micro_batch=max_samples)
+    runs = sample_cap.padded_runs(np.array(lengths), np.ones(len(lengths), dtype=np.int64), cap, max_samples)
+    assert len(parts) == len(runs)

@@ -282,6 +282,32 @@ def dealt_within_caps(
     return [by_part[bounds[c]:bounds[c + 1]].tolist() for c in range(k)]
 
 
+def padded_runs(longest: np.ndarray, sizes: np.ndarray, capacity: int, max_samples: int) -> list[list[int]]:
+    """The fewest parts of padded cost ``samples x longest <= capacity`` and at most
+    ``max_samples`` samples, for groups of one size: runs of the groups sorted by their longest
+    sample (descending, index breaks ties), each as long as both caps allow.
+
+    A run's cost is set by its first group, and both limits only shrink as a run grows, so the
+    usual exchange argument for the padded cost holds with the sample limit too: no partition
+    into fewer parts exists where every group has as many samples (with unequal sizes it is a
+    feasible partition, not always the fewest). Groups must fit on their own. O(n log n).
+
+    >>> padded_runs(np.array([9, 1, 8, 1, 1]), np.ones(5, dtype=np.int64), 20, 2)
+    [[0, 2], [1, 3], [4]]
+    """
+    order = sorted(range(len(longest)), key=lambda i: (-int(longest[i]), i))
+    parts: list[list[int]] = []
+    for i in order:
+        if parts:
+            run = parts[-1]
+            samples = sum(int(sizes[j]) for j in run) + int(sizes[i])
+            if samples <= max_samples and samples * int(longest[run[0]]) <= capacity:
+                run.append(i)
+                continue
+        parts.append([i])
+    return [sorted(run) for run in parts]
+
+
 def peel_to_sample_cap(
     parts: Sequence[Sequence[int]], tokens: np.ndarray, weights: np.ndarray, capacity: int, max_samples: int
 ) -> list[list[int]]:

@@ -253,6 +253,8 @@ def _local_plan(
         group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
         parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
+        if group_cap is not None and parts is not None:
+            count, parts = _padded_within_samples(parts, count, group_longest, g, max_token_len, group_cap, min_count, step)
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
@@ -335,6 +337,32 @@ def _meet_sample_cap(
     if count > len(group_tokens):
         return count, None
     return count, split_bins_to_count(pieces, group_tokens, count)
+
+
+def _padded_within_samples(
+    parts: list[list[int]], count: int, group_longest: np.ndarray, g: int, capacity: int, group_cap: int,
+    min_count: int, step: int,
+) -> tuple[int, Optional[list[list[int]]]]:
+    """``(count, parts)``: the padded partition at ``count`` where it already holds at most ``group_cap`` groups
+    per part (the plan is then the plain one); else the fewer of its parts split to the cap
+    and the runs under both caps (:func:`seqbal.partition.sample_cap.padded_runs`, the fewest
+    there are for groups of one size), raised to the next allowed count by splitting (a piece's
+    padded cost is at most its part's). ``(count, None)`` where that count exceeds the groups."""
+    ones = np.ones(len(group_longest), dtype=np.int64)
+    split = _sample_cap.split_to_sample_cap(parts, ones, group_cap)
+    if len(split) == count:
+        return count, split
+    runs = _sample_cap.padded_runs(group_longest, np.full(len(group_longest), g, dtype=np.int64), capacity, group_cap * g)
+    best = runs if len(runs) < len(split) else split
+    target = roundup_divisible(max(min_count, len(best)), step)
+    if target > len(group_longest):
+        return target, None
+    if target > len(runs) and len(best) == len(runs):
+        # room to balance: the padded partitioner at the target, if it keeps the sample cap
+        balanced = padded_partitions(group_longest, g, capacity, target)
+        if balanced is not None and _sample_cap.within_sample_cap(balanced, ones, group_cap):
+            return target, balanced
+    return target, split_bins_to_count(best, group_longest, target)
 
 
 def _one_multiple_lower(

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..cost import padded_min_count, padded_partitions
 from ..partition import roundup_divisible, split_bins_to_count
-from ..partition.sample_cap import split_to_sample_cap
+from ..partition.sample_cap import padded_runs, split_to_sample_cap
 from ..workload import balance_workloads
 from .divisor import _too_few_groups
 from .dp_schedule import DPSchedule, _schedule_of
@@ -46,8 +46,9 @@ def _padded_schedule(
     No group moves between micro-batches here (a move could break the padded cap), so slots
     are the sorted micro-batches cut in ``dp_size`` and the ranks are placed within them.
     With ``max_samples`` (the sample cap; ``floor`` already counts its bound) runs over it are
-    split into pieces within it and the count raised to the next multiple of ``step`` by
-    splitting further: a piece's padded cost is at most its run's."""
+    split into pieces within it, or, where they need fewer, the runs under both caps are taken
+    (:func:`seqbal.partition.sample_cap.padded_runs`), and the count raised to the next multiple
+    of ``step`` by splitting further: a piece's padded cost is at most its run's."""
     fewest = padded_min_count(group_longest, group_sizes, capacity)
     count = roundup_divisible(max(fewest, floor), step)
     if count > len(groups):
@@ -56,8 +57,10 @@ def _padded_schedule(
     parts = padded_partitions(group_longest, group_sizes, capacity, count, workload_fn=model)
     if max_samples is not None and parts is not None:
         parts = split_to_sample_cap(parts, group_sizes, max_samples)
-        if len(parts) > count:
-            count = roundup_divisible(len(parts), step)
+        if len(parts) > count:  # the runs under both caps may need fewer (the fewest for equal groups)
+            runs = padded_runs(group_longest, group_sizes, capacity, max_samples)
+            parts = runs if len(runs) < len(parts) else parts
+            count = roundup_divisible(max(len(parts), floor), step)
             if count > len(groups):
                 raise _too_few_groups(
                     count, len(parts), len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch
