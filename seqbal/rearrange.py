@@ -250,6 +250,7 @@ def rearrange_micro_batches(
     trim_padding: bool = False,
     *,
     dummy_micro_batches: bool = False,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
@@ -280,6 +281,9 @@ def rearrange_micro_batches(
             with an empty index list ``[]``. Give them zero loss weight
             (:func:`seqbal.loss_weights` does); :func:`restore_dynamic_batch` drops their
             outputs. Default False (a short rank is a ``Cannot satisfy`` error on every rank).
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch
+            (a forced group counts ``force_group_size``); see :func:`seqbal.plan_micro_batches`.
+            Default None (no cap).
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
@@ -311,6 +315,7 @@ def rearrange_micro_batches(
         force_group_size,
         cost_model,
         dummy_micro_batches,
+        max_samples_per_micro_batch,
     )
     if any(not part for part in indices):
         read = measured[-1]

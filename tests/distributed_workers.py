@@ -181,6 +181,13 @@ def build_scenarios(world: int) -> list[Scenario]:
                  {"max_token_len": CAP, "cost_model": CostModel(round_to=8, pack_round_to=16)}))
     add(Scenario("dense_padded", base, {"max_token_len": CAP, "cost_model": "padded"}, api="dense"))
 
+    # the sample cap, not the tokens, sets each rank's count (ceildiv(12 + 6r, 3)); the agreed
+    # count is the largest, and every rank keeps at most 3 samples per micro-batch
+    add(Scenario("plan_sample_cap", [[10] * (12 + 6 * r) for r in ranks],
+                 {"max_token_len": CAP, "max_samples_per_micro_batch": 3}))
+    add(Scenario("plan_sample_cap_groups", [[10] * (16 + 4 * r) for r in ranks],
+                 {"max_token_len": CAP, "max_samples_per_micro_batch": 5, "force_group_size": 2}))
+
     # --- no sync: no collective at all ----------------------------------------------------
     add(Scenario("nosync_flag", base, {"max_token_len": CAP, "same_micro_num_in_dp": False}, synced=False))
     add(Scenario("nosync_no_group", base, {"max_token_len": CAP}, group="none", synced=False))
@@ -236,6 +243,13 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("err_mask_of_halves", base, {"max_token_len": CAP}, api="half_mask",
                  bad_ranks={last: ["attention_mask must be bool or hold only 0 and 1", "got 0.5"]}))
 
+    # a forced group larger than the sample cap, and a sample cap that is no count, on one rank
+    add(Scenario("err_group_over_sample_cap", even, {"max_token_len": CAP, "force_group_size": 2,
+                                                      "max_samples_per_micro_batch": 1},
+                 bad_ranks={r: ["forced group of 2 samples exceeds max_samples_per_micro_batch=1"] for r in ranks}))
+    add(Scenario("err_sample_cap_zero", base, {"max_token_len": CAP}, rank_kwargs={last: {"max_samples_per_micro_batch": 0}},
+                 bad_ranks={last: ["max_samples_per_micro_batch must be None or a positive int", "got 0"]}))
+
     # --- arguments that must match differ between ranks: the same ValueError everywhere ----
     mismatch = "passed different arguments that must be identical on every rank"
     # divisors 2 and 3 on [5] * 12 used to give counts 4 and 3 without an error
@@ -254,6 +268,9 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("err_mismatch_cost_model", base, {"max_token_len": CAP},
                  rank_kwargs={last: {"cost_model": "padded"}},
                  all_raise=[mismatch, "cost_model.padded from 0 to 1"]))
+    add(Scenario("err_mismatch_sample_cap", base, {"max_token_len": CAP, "max_samples_per_micro_batch": 4},
+                 rank_kwargs={last: {"max_samples_per_micro_batch": None}},
+                 all_raise=[mismatch, "max_samples_per_micro_batch from 0 to 4"]))
     add(Scenario("err_mismatch_cap", base, {"max_token_len": CAP}, rank_kwargs={last: {"max_token_len": 2 * CAP}},
                  all_raise=[mismatch, f"max_token_len from {CAP} to {2 * CAP}"]))
     add(Scenario("err_mismatch_group_size", even, {"max_token_len": CAP, "force_group_size": 2},

@@ -40,8 +40,12 @@ def assert_plan_invariants(
     min_num_micro_batch: Optional[int] = None,
     cost_model=None,
     dummy_micro_batches: bool = False,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> None:
     """Assert every guarantee of SPEC's "Public API" section for one returned plan.
+
+    ``max_samples_per_micro_batch`` (what the call was given): no micro-batch holds more
+    samples, and the count is at least ``ceildiv(groups, max_samples // force_group_size)``.
 
     ``cost_model`` is what the call was given; the cap is checked on that cost. With
     ``dummy_micro_batches`` (what the call was given) empty index lists are dummies: allowed
@@ -92,6 +96,18 @@ def assert_plan_invariants(
         assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
     if num_batches_divided_by is not None:
         assert count % num_batches_divided_by == 0, f"count {count} not a multiple of {num_batches_divided_by}"
+    if max_samples_per_micro_batch is not None:
+        _assert_sample_cap(parts, int(max_samples_per_micro_batch), "micro-batch")
+        per_part = int(max_samples_per_micro_batch) // force_group_size
+        assert count >= ceildiv(n // force_group_size, per_part), (
+            f"count {count} below the sample bound ceildiv({n // force_group_size} groups, {per_part} per micro-batch)"
+        )
+
+
+def _assert_sample_cap(parts: Sequence[Sequence[int]], max_samples: int, what: str) -> None:
+    """No micro-batch holds more than ``max_samples`` samples."""
+    for position, part in enumerate(parts):
+        assert len(part) <= max_samples, f"{what} {position} holds {len(part)} samples > max_samples {max_samples}"
 
 
 def assert_schedule_invariants(
@@ -108,11 +124,14 @@ def assert_schedule_invariants(
     cost_model=None,
     equal_samples: bool = False,
     workloads: Optional[Sequence[int]] = None,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> None:
     """Assert every guarantee of ``build_dp_schedule`` (issues 5 and 22) for one returned DPSchedule.
 
     ``cost_model`` is what the call was given; the cap is checked on that cost.
     ``equal_samples``: every rank must hold the same number of samples.
+    ``max_samples_per_micro_batch``: no micro-batch holds more samples, and the total count is
+    at least ``ceildiv(n, max_samples)``.
     ``workloads``: the per-sample workloads the schedule was balanced on (default: the
     schedule's own); ``step_efficiency()`` is recomputed from them here and must agree.
 
@@ -163,6 +182,10 @@ def assert_schedule_invariants(
         assert count % num_batches_divided_by == 0, f"count {count} not a multiple of {num_batches_divided_by}"
     if min_num_micro_batch is not None:
         assert count >= min_num_micro_batch, f"count {count} < min_num_micro_batch {min_num_micro_batch}"
+    if max_samples_per_micro_batch is not None:
+        for rank, mbs in enumerate(schedule.micro_batches):
+            _assert_sample_cap(mbs, int(max_samples_per_micro_batch), f"rank {rank} micro-batch")
+        assert total >= ceildiv(n, int(max_samples_per_micro_batch)), "total count below the sample bound"
     # equal sample counts when asked
     if equal_samples:
         sizes = [len(r) for r in schedule.rank_indices]

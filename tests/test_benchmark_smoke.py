@@ -116,3 +116,16 @@ def test_trl_benchmark_smoke():
     assert {r.route for r in rows} | {n.split(":")[0] for n in notes} == {"trl-padding-free", "trl-bfd", "hf-rebalance", "seqbal"}
     assert trl_bench.done_when(rows) == []
     assert len(trl_bench.format_table(rows).splitlines()) == 2 + len(rows)
+
+
+def test_sample_cap_benchmark_smoke(capsys):
+    """benchmarks.sample_cap on one small case per family: it runs, checks both caps itself,
+    and its table has a row per case with the count never below its bound."""
+    from benchmarks import sample_cap
+
+    assert sample_cap.main(["--families", "lognormal", "grpo_groups", "--sizes", "64", "--caps", "4096",
+                            "--caps-samples", "8", "--repeats", "1"]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    assert len(table) == 2 + 2
+    row = sample_cap.run_case("lognormal", 256, 4096, 4, 1)
+    assert row["count"] >= row["bound"] >= -(-256 // 4)

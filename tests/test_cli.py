@@ -144,6 +144,34 @@ def test_options_reach_the_planner(tmp_path):
     assert [r["tokens"] for r in report["seqbal"]["ranks"]] == [int(c.sum()) for c in split.lengths]
 
 
+@pytest.mark.parametrize("route", ["balance_batch", "schedule"])
+def test_sample_cap_reaches_the_planner_and_the_report(route):
+    """--max-samples-per-micro-batch: the same plan as the library, its most samples shown
+    against the cap, and the bound counting it."""
+    from seqbal.cli import simulate_ranks, split_over_ranks
+
+    lengths = np.loadtxt(SAMPLE, dtype=np.int64)
+    split = split_over_ranks(lengths, 2, group_size=2, route=route, max_token_len=16384, max_samples_per_micro_batch=6)
+    plans = split.plans or simulate_ranks(split.lengths, 16384, force_group_size=2, max_samples_per_micro_batch=6)
+    for rank_lengths, parts in zip(split.lengths, plans):
+        assert_plan_invariants(rank_lengths, parts, 16384, force_group_size=2, max_samples_per_micro_batch=6)
+    args = ("--dp", "2", "--group-size", "2", "--max-token-len", "16384", "--max-samples-per-micro-batch", "6",
+            "--route", route, "--compare", "off")
+    report = plan_json(*args)
+    assert report["settings"]["max_samples_per_micro_batch"] == 6
+    rows = report["seqbal"]["ranks"]
+    assert [r["micro_batches"] for r in rows] == [len(p) for p in plans]
+    assert [r["most_samples"] for r in rows] == [max(map(len, p)) for p in plans]
+    assert all(r["most_samples"] <= 6 and r["packing_bound"] >= -(-r["samples"] // 6) for r in rows)
+    text = call("plan", *args).stdout
+    assert "max samples per micro-batch=6" in text and "most samples (cap 6)" in text
+    assert "most samples" not in call("plan", "--compare", "off").stdout  # no column without the cap
+    assert_clean_failure(call("plan", "--group-size", "4", "--max-token-len", "16384", "--max-samples-per-micro-batch", "3"),
+                         "forced group of 4 samples exceeds max_samples_per_micro_batch=3")
+    assert_clean_failure(call("plan", "--max-samples-per-micro-batch", "0"),
+                         "argument --max-samples-per-micro-batch: must be an integer from 1")
+
+
 def test_seed_shuffles_whole_groups():
     from seqbal.cli import split_over_ranks
 

@@ -259,6 +259,7 @@ def check_outcomes(scenario: Scenario, records: list[dict[str, Any]], world: int
             num_batches_divided_by=kwargs.get("num_batches_divided_by"),
             min_num_micro_batch=kwargs.get("min_num_micro_batch"),
             cost_model=kwargs.get("cost_model"),
+            max_samples_per_micro_batch=kwargs.get("max_samples_per_micro_batch"),
         )
         group = scenario.group_of(rank, world)
         # the agreed count is the smallest common one: the largest count any member needs alone

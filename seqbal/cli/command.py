@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--group-size", metavar="G", type=positive, default=1, help="force_group_size: samples kept together (default 1)")
     plan.add_argument("--divisible-by", metavar="D", type=positive, default=None, help="num_batches_divided_by (default none)")
     plan.add_argument("--min-micro-batches", metavar="M", type=positive, default=None, help="min_num_micro_batch (default none)")
+    plan.add_argument("--max-samples-per-micro-batch", metavar="S", type=positive, default=None,
+                      help="max_samples_per_micro_batch: hard cap on samples per micro-batch, a forced group counting "
+                           "--group-size (default none)")
     plan.add_argument("--seed", metavar="S", type=_int_in(0), default=None, help="shuffle groups with this seed before splitting over ranks")
     plan.add_argument("--compare", choices=("auto", "on", "off"), default="auto",
                       help=f"compare with verl (its own code where installed) and the other routes: auto (default) "

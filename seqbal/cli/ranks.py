@@ -53,6 +53,7 @@ def split_over_ranks(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     cost_model: Optional[CostModel] = None,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> RankSplit:
     """Deal ``lengths`` out to ``dp`` ranks in whole forced groups, the way a trainer would.
 
@@ -95,7 +96,7 @@ def split_over_ranks(
         schedule = build_dp_schedule(
             ordered, dp, max_token_len, force_group_size=group_size,
             num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
-            cost_model=cost_model,
+            cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch,
         )
         positions = [np.asarray(r, dtype=np.int64) for r in schedule.rank_indices]
         return RankSplit(
@@ -113,6 +114,7 @@ def simulate_ranks(
     num_batches_divided_by: Optional[int] = None,
     min_num_micro_batch: Optional[int] = None,
     cost_model: Optional[CostModel] = None,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[list[list[int]]]:
     """What synced ranks decide: :func:`~seqbal.plan_data_parallel`, the library's own protocol
     with the all-reduces replaced by a max/min over the simulated ranks.
@@ -128,6 +130,7 @@ def simulate_ranks(
         use_dynamic_bsz_balance=False,
         force_group_size=force_group_size,
         cost_model=cost_model,
+        max_samples_per_micro_batch=max_samples_per_micro_batch,
     )
 
 def packing_bound(lengths: np.ndarray, cap: int, group_size: int = 1, cost_model: Optional[CostModel] = None) -> int:
@@ -153,19 +156,25 @@ def packing_bound(lengths: np.ndarray, cap: int, group_size: int = 1, cost_model
 
 def _rank_rows(
     rank_lengths: Sequence[np.ndarray], plans: Sequence[list[list[int]]], cap: int,
-    cost_model: Optional[CostModel] = None, group_size: int = 1,
+    cost_model: Optional[CostModel] = None, group_size: int = 1, max_samples: Optional[int] = None,
 ) -> list[dict[str, Any]]:
+    """One row per rank: its samples, tokens, bound, count and micro-batch figures. With
+    ``max_samples`` (the sample cap) the packing bound is at least the sample bound,
+    ``ceildiv(groups, max_samples // group_size)``."""
     cost_model = cost_model or CostModel()
     rows = []
     for rank, (lengths, parts) in enumerate(zip(rank_lengths, plans)):
         summary = micro_batch_summary(lengths, parts, cap)
         costs = cost_model.part_costs(lengths, parts)
+        bound = packing_bound(lengths, cap, group_size, cost_model)
+        if max_samples is not None and max_samples >= group_size:
+            bound = max(bound, ceildiv(len(lengths) // group_size, max_samples // group_size))
         rows.append(
             {
                 "rank": rank,
                 "samples": int(len(lengths)),
                 "tokens": int(lengths.sum()),
-                "packing_bound": packing_bound(lengths, cap, group_size, cost_model),
+                "packing_bound": bound,
                 "ceildiv_bound": ceildiv(int(lengths.sum()), cap),
                 "micro_batches": int(summary["count"]),
                 "fill": float(summary["fill"]),
@@ -173,6 +182,7 @@ def _rank_rows(
                 "largest_micro_batch": int(summary["max_tokens"]),
                 "largest_cost": max(costs),
                 "over_cap": sum(cost > cap for cost in costs),
+                "most_samples": max((len(part) for part in parts), default=0),
                 "micro_batch_tokens": [int(t) for t in summary["tokens"]],
             }
         )
@@ -185,7 +195,7 @@ def _seqbal_on(split: RankSplit, args: argparse.Namespace) -> list[list[list[int
     return simulate_ranks(
         split.lengths, args.max_token_len, force_group_size=args.group_size,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
-        cost_model=args.cost_model,
+        cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
     )
 
 
@@ -193,5 +203,5 @@ def _split(lengths: Lengths, args: argparse.Namespace, route: str) -> RankSplit:
     return split_over_ranks(
         lengths.values, args.dp, args.group_size, args.seed, route, max_token_len=args.max_token_len,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
-        cost_model=args.cost_model,
+        cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
     )

@@ -43,10 +43,15 @@ _COLUMNS = [
 ]
 
 
-def format_table(rows: Sequence[dict[str, Any]], *, with_cost: bool = False) -> str:
+def format_table(
+    rows: Sequence[dict[str, Any]], *, with_cost: bool = False, max_samples: Optional[int] = None
+) -> str:
     """Fixed-width table of the per-rank rows (fill shown as a percentage); ``with_cost`` adds
-    the largest micro-batch cost under a cost model other than effective tokens."""
+    the largest micro-batch cost under a cost model other than effective tokens; ``max_samples``
+    (the sample cap, where given) adds the most samples of a micro-batch against it."""
     columns = _COLUMNS + ([("largest_cost", "largest cost", "{}")] if with_cost else [])
+    if max_samples is not None:
+        columns = columns + [("most_samples", f"most samples (cap {max_samples})", "{}")]
     cells = [[title for _, title, _ in columns]]
     for row in rows:
         cells.append([fmt.format(row[key]).replace("%", "") if key == "fill" else fmt.format(row[key]) for key, _, fmt in columns])
@@ -110,6 +115,7 @@ def build_report(
             "group_size": args.group_size,
             "divisible_by": args.divisible_by,
             "min_micro_batches": args.min_micro_batches,
+            "max_samples_per_micro_batch": args.max_samples_per_micro_batch,
             "seed": args.seed,
             "compare": compare,
             "compare_option": args.compare,
@@ -119,7 +125,8 @@ def build_report(
             "micro_batches_per_rank": len(plans[0]),
             "all_reduces": 0 if args.dp == 1 or args.route == "schedule" else 2,
             "seconds": seconds,
-            "ranks": _rank_rows(split.lengths, plans, args.max_token_len, args.cost_model, args.group_size),
+            "ranks": _rank_rows(split.lengths, plans, args.max_token_len, args.cost_model, args.group_size,
+                                args.max_samples_per_micro_batch),
         },
         "verl_0_9": None,
         "verl_0_8": None,
@@ -137,7 +144,8 @@ def build_report(
             if other is None:
                 other_split = _split(lengths, args, route)
                 other = (other_split, _seqbal_on(other_split, args))
-            rows = _rank_rows(other[0].lengths, other[1], args.max_token_len, args.cost_model, args.group_size)
+            rows = _rank_rows(other[0].lengths, other[1], args.max_token_len, args.cost_model, args.group_size,
+                              args.max_samples_per_micro_batch)
             routes[route] = {
                 "micro_batches_per_rank": len(other[1][0]),
                 "fill": sum(r["tokens"] for r in rows) / (sum(r["micro_batches"] for r in rows) * args.max_token_len),
@@ -227,9 +235,11 @@ def format_report(report: dict[str, Any]) -> str:
     ours = report["seqbal"]
     dp = settings["dp"]
     other_cost = settings["cost_model"] != str(CostModel())  # a cost other than effective tokens
-    defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None}
+    defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None,
+                "max_samples_per_micro_batch": None}
     names = {"group_size": "group size", "divisible_by": "divisible by",
-             "min_micro_batches": "min micro-batches", "seed": "seed"}
+             "min_micro_batches": "min micro-batches", "seed": "seed",
+             "max_samples_per_micro_batch": "max samples per micro-batch"}
     extras = [f"{names[key]}={settings[key]}" for key in names if settings[key] != defaults[key]]
     route = f", ranks split by {_ROUTE_NAMES[settings['route']]}" if dp > 1 else ""
     lines = [
@@ -247,9 +257,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"seqbal: {_micro_batches(ours['micro_batches_per_rank'])} per rank"
         + (f", agreed in {ours['all_reduces']} all-reduces" if ours["all_reduces"] else "")
         + f" (planned in {_duration(ours['seconds'])})",
-        format_table(ours["ranks"], with_cost=other_cost),
+        format_table(ours["ranks"], with_cost=other_cost, max_samples=settings.get("max_samples_per_micro_batch")),
         "packing bound: no plan of the rank's samples has fewer micro-batches"
         + (f" on the {settings['cost_model']}" if other_cost else "")
+        + (", nor fewer than ceildiv(groups, max samples // group size)"
+           if settings.get("max_samples_per_micro_batch") else "")
         + " (--json also gives ceildiv(tokens, cap), where verl starts)",
     ]
     if strict is None:

@@ -31,6 +31,7 @@ One module per concern, in the order a call uses them:
 - :mod:`.balance`: the balance at the chosen count (:func:`capped_balanced_partitions`);
 - :mod:`.exact`: a budgeted exact search on a few items (a count the tries miss, under a divisor);
 - :mod:`.windows`: the padded cost of micro-batches trimmed to their padding window;
+- :mod:`.sample_cap`: the second cap, at most ``max_samples`` samples per part, kept around the above;
 - :mod:`.parts`: part sums and labels, ``ceildiv``; input checks live in :mod:`seqbal.validation`.
 """
 

@@ -113,6 +113,7 @@ def _plan(
     force_group_size: int,
     cost_model: Union[None, str, CostModel] = None,
     dummy_micro_batches: bool = False,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[list[int]]:
     _check_dp_group(dp_group)
     flag_problem = None
@@ -127,6 +128,7 @@ def _plan(
     stage = _local_stage(
         get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
         dummy_micro_batches, capture_unexpected=sync, synced=sync,
+        max_samples_per_micro_batch=max_samples_per_micro_batch,
     )
     if flag_problem is not None:
         stage = _LocalStage(None, None, flag_problem, flag_problem.code, stage.arguments)

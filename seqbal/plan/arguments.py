@@ -28,9 +28,11 @@ class _Arguments:
     force_group_size: int
     cost_model: CostModel = CostModel()
     dummy_micro_batches: bool = False
+    max_samples_per_micro_batch: Optional[int] = None
 
     def must_match(self) -> tuple[int, ...]:
-        """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same)."""
+        """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same; a missing
+        sample cap is 0, which no cap can be)."""
         cost = self.cost_model
         return (
             self.max_token_len,
@@ -40,6 +42,7 @@ class _Arguments:
             cost.round_to,
             cost.pack_round_to,
             int(self.dummy_micro_batches),
+            self.max_samples_per_micro_batch or 0,
         )
 
 
@@ -50,6 +53,7 @@ def _validate_arguments(
     force_group_size: Any,
     cost_model: Any = None,
     dummy_micro_batches: Any = False,
+    max_samples_per_micro_batch: Any = None,
 ) -> _Arguments:
     """Check the integer arguments and return them as Python ints, and the cost model.
 
@@ -90,6 +94,10 @@ def _validate_arguments(
         min_num_micro_batch=optional("min_num_micro_batch", min_num_micro_batch),
         cost_model=cost,
         dummy_micro_batches=bool(dummy_micro_batches),
+        max_samples_per_micro_batch=(
+            None if max_samples_per_micro_batch is None
+            else checked("max_samples_per_micro_batch", max_samples_per_micro_batch, "None or a positive int")
+        ),
     )
 
 

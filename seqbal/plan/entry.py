@@ -28,6 +28,7 @@ def plan_micro_batches(
     cost_model: Union[None, str, CostModel] = None,
     *,
     dummy_micro_batches: bool = False,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[list[int]]:
     """Decide the micro-batches of a batch from its effective lengths alone.
 
@@ -61,12 +62,20 @@ def plan_micro_batches(
             nothing: a rank's own count never exceeds its groups, and a minimum or divisor
             it cannot meet stays an error (no peer waits on this rank, so there is nothing
             to keep in step). Must be the same on every rank of ``dp_group``. Default False.
+        max_samples_per_micro_batch: a second hard cap, on the samples (sequences) of every
+            micro-batch, for kernels and buffers that grow with the sequence count. A forced
+            group of ``g`` samples counts ``g``, so a micro-batch holds at most
+            ``max_samples_per_micro_batch // g`` groups. Must be the same on every rank of
+            ``dp_group``. Default None (no cap; plans exactly as without it).
 
     Returns:
         One ascending list of sample indices per micro-batch; together they hold every index
         exactly once; no list is empty; every micro-batch costs at most ``max_token_len``
-        (effective tokens by default, else under ``cost_model``);
-        the count is at least ``ceildiv(total, max_token_len)`` and ``min_num_micro_batch``, a
+        (effective tokens by default, else under ``cost_model``) and holds at most
+        ``max_samples_per_micro_batch`` samples when that is given;
+        the count is at least ``ceildiv(total, max_token_len)``,
+        ``ceildiv(groups, max_samples_per_micro_batch // force_group_size)`` (with the sample
+        cap) and ``min_num_micro_batch``, a
         multiple of ``num_batches_divided_by``, and in sync mode equal on every rank.
         Deterministic. Cost: O(n log n) plus a few partitioning passes; in sync mode exactly two
         all-reduces. With ``dummy_micro_batches``, the lists after the real ones may be empty
@@ -78,10 +87,13 @@ def plan_micro_batches(
 
     Raises:
         ValueError: (:class:`MicroBatchPlanError`) invalid arguments, an empty batch, a negative
-            length, a sample or forced group over the cap, or a count that cannot be formed
+            length, a sample or forced group over the cap, a forced group of more samples than
+            ``max_samples_per_micro_batch`` (``forced group of G samples exceeds
+            max_samples_per_micro_batch=M``), or a count that cannot be formed
             (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together; if
             the ranks passed different ``max_token_len``, ``num_batches_divided_by``,
-            ``force_group_size`` or ``cost_model``, every rank raises the same error saying so. A ``dp_group``
+            ``force_group_size``, ``cost_model`` or ``max_samples_per_micro_batch``, every rank
+            raises the same error saying so. A ``dp_group``
             that is not None or a ProcessGroup is an error before any collective.
 
     Examples:
@@ -91,6 +103,8 @@ def plan_micro_batches(
         [[2, 3], [0, 1]]
         >>> plan_micro_batches([6, 1, 1, 1, 5, 1], max_token_len=12, cost_model="padded")  # 2 x 6, 4 x 1
         [[0, 4], [1, 2, 3, 5]]
+        >>> plan_micro_batches([1] * 6, max_token_len=100, max_samples_per_micro_batch=4)  # ceildiv(6, 4) = 2
+        [[1, 2, 4], [0, 3, 5]]
     """
     return _plan(
         lambda: seq_lens,
@@ -103,6 +117,7 @@ def plan_micro_batches(
         force_group_size,
         cost_model,
         dummy_micro_batches,
+        max_samples_per_micro_batch,
     )
 
 
@@ -114,6 +129,8 @@ def plan_data_parallel(
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
     cost_model: Union[None, str, CostModel] = None,
+    *,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[list[list[int]]]:
     """What synced data-parallel ranks would decide, computed in one process, no collective.
 
@@ -122,6 +139,8 @@ def plan_data_parallel(
     protocol runs with the all-reduces replaced by a max/min over the list, so the result is
     exactly what each rank would get: use it to check a length distribution, a cap and a
     data-parallel size before launching (the ``seqbal plan --dp N`` command does).
+    ``max_samples_per_micro_batch`` caps the samples of every micro-batch of every rank, as in
+    :func:`plan_micro_batches` (default None: no cap).
 
     Returns:
         Per rank, the micro-batches as ascending index lists into that rank's lengths; every
@@ -144,6 +163,7 @@ def plan_data_parallel(
         _local_stage(
             (lambda lengths=lengths: lengths), max_token_len, num_batches_divided_by, min_num_micro_batch,
             force_group_size, cost_model, capture_unexpected=False,
+            max_samples_per_micro_batch=max_samples_per_micro_batch,
         )
         for lengths in rank_seq_lens
     ]

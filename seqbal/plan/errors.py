@@ -35,6 +35,9 @@ class MicroBatchPlanError(ValueError):
     #: Found only by the agreement (never sent by one rank): the ranks passed different values
     #: of an argument that must be identical on every rank of ``dp_group``.
     MISMATCHED_ARGUMENTS = 8
+    #: A forced group holds more samples than ``max_samples_per_micro_batch`` allows (sent by a
+    #: rank like the codes below 8; numbered after them so that the older codes keep their values).
+    GROUP_EXCEEDS_SAMPLES = 9
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
@@ -61,11 +64,13 @@ _REASONS = {
     MicroBatchPlanError.BAD_BATCH: "its batch is malformed",
     MicroBatchPlanError.BAD_ARGUMENT: "an argument is invalid",
     MicroBatchPlanError.MISMATCHED_ARGUMENTS: "the ranks passed different arguments",
+    MicroBatchPlanError.GROUP_EXCEEDS_SAMPLES: "a forced group exceeds max_samples_per_micro_batch",
 }
 
 #: Arguments that must be identical on every rank of ``dp_group``: a different cap or group size
 #: would silently plan each rank under its own rules, a different divisor gives different counts
-#: (a hang in the training step). ``min_num_micro_batch`` may differ: the agreed count is the
+#: (a hang in the training step); a different sample cap (``None`` counts as 0) would plan
+#: each rank under its own rules too. ``min_num_micro_batch`` may differ: the agreed count is the
 #: largest proposal, so it honours the largest minimum on every rank.
 _MUST_MATCH = (
     "max_token_len",
@@ -75,4 +80,5 @@ _MUST_MATCH = (
     "cost_model.round_to",
     "cost_model.pack_round_to",
     "dummy_micro_batches",
+    "max_samples_per_micro_batch",
 )

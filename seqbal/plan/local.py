@@ -23,7 +23,9 @@ from ..partition import (
     exact as _small_exact,
     packing_lower_bound,
     roundup_divisible,
+    sample_cap as _sample_cap,
     smallest_feasible_partitions,
+    split_bins_to_count,
     windows as _windows,
 )
 from ..validation import check_int64_sums
@@ -57,6 +59,8 @@ class _LocalPlan:
     # Workload per sample under the token cost (what ``group_workloads`` sums), for the
     # pipeline order; None under the padded cost.
     sample_workloads: Optional[np.ndarray] = None
+    # Most groups a part may hold: max_samples_per_micro_batch // group_size; None: no cap.
+    group_cap: Optional[int] = None
 
     @property
     def num_groups(self) -> int:
@@ -67,17 +71,45 @@ class _LocalPlan:
         if count == self.count:
             return self.parts
         if self.windows is not None:
-            return self._windowed_partition(count, self.parts)
-        if self.cost_model.padded:
-            return padded_partitions(self.group_longest, self.group_size, self.capacity, count)
-        return capped_balanced_partitions(
-            self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
-        )
+            candidate = self._windowed_partition(count, self.parts)
+        elif self.cost_model.padded:
+            candidate = padded_partitions(self.group_longest, self.group_size, self.capacity, count)
+        else:
+            candidate = capped_balanced_partitions(
+                self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
+            )
+        if self.group_cap is None:
+            return candidate
+        return self._sample_capped_at(count, candidate)
+
+    def _sample_capped_at(self, count: int, candidate: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
+        """``candidate`` (a partition into ``count`` parts within the cost cap) made to meet the
+        sample cap at the same count (``seqbal.partition.sample_cap``); where it cannot, this
+        rank's own partition (both caps, ``self.count`` parts) split up to ``count``, which
+        keeps both caps: why any count from this rank's up to its groups can be agreed."""
+        capacity = None if self.cost_model.padded or self.windows is not None else self.capacity
+        ones = np.ones(self.num_groups, dtype=np.int64)
+        candidate = _sample_cap.capped_pieces(candidate, self.group_tokens, ones, capacity, self.group_cap)
+        if candidate is not None and len(candidate) == count:
+            return candidate
+        if capacity is not None and len(self.parts) <= count <= self.num_groups:  # count-weighted, as _meet_sample_cap
+            counted = _sample_cap.with_count_weight(self.group_workloads)
+            balanced = capped_balanced_partitions(self.group_tokens, counted, capacity, count, feasible=self.parts)
+            if balanced is not None:
+                repaired, fixed = _sample_cap.repair_sample_cap(balanced, self.group_tokens, ones, capacity, self.group_cap)
+                if fixed:
+                    return repaired
+        if not len(self.parts) <= count <= self.num_groups:
+            return None
+        return split_bins_to_count(self.parts, self.group_tokens, count)
 
     def fits(self, part: Sequence[int]) -> bool:
-        """Whether a non-empty part of groups costs at most the cap under the cost model."""
+        """Whether a non-empty part of groups costs at most the cap under the cost model (and
+        holds at most ``group_cap`` groups, where the sample cap is given)."""
         if not len(part):
             return False
+        if self.group_cap is not None and len(part) > self.group_cap:
+            return False  # the sample cap, whatever the cost model
         if self.windows is not None:
             starts, stops = self.windows
             return _windows.window_cost(part, starts, stops, self.group_size, self.cost_model.round_to) <= self.capacity
@@ -126,8 +158,14 @@ def _local_plan(
     cost_model: CostModel = CostModel(),
     windows: Optional[tuple[np.ndarray, np.ndarray]] = None,
     short_ok: bool = False,
+    max_samples: Optional[int] = None,
 ) -> _LocalPlan:
     """This rank's smallest feasible count and a partition at it.
+
+    With ``max_samples`` (``max_samples_per_micro_batch``) a part holds at most
+    ``max_samples // force_group_size`` groups: the count starts at that bound
+    (:func:`seqbal.partition.sample_cap.sample_count_bound`) and every partition is made to
+    meet it (:func:`_meet_sample_cap`).
 
     With ``short_ok`` (synced dummy micro-batches) a count above the number of groups is not
     an error: the plan keeps it as this rank's proposal and one group per part as its
@@ -139,6 +177,14 @@ def _local_plan(
             f"force_group_size={force_group_size} does not divide the batch size {n}", MicroBatchPlanError.BAD_BATCH
         )
     g = force_group_size
+    if max_samples is not None and g > max_samples:
+        raise MicroBatchPlanError(
+            f"forced group of {g} samples exceeds max_samples_per_micro_batch={max_samples}: samples i*{g} .. "
+            f"i*{g}+{g - 1} must share a micro-batch, which may hold only {max_samples}; raise "
+            f"max_samples_per_micro_batch to at least {g} or lower force_group_size",
+            MicroBatchPlanError.GROUP_EXCEEDS_SAMPLES,
+        )
+    group_cap = None if max_samples is None else max_samples // g
     windows = windows if cost_model.padded else None  # only a padded forward pays for the window
     if windows is not None:
         # Trimmed, a sample costs the width of its window (first to last token), not its count.
@@ -185,6 +231,8 @@ def _local_plan(
         )
     step = num_batches_divided_by or 1
     min_count = min_num_micro_batch or 1
+    if group_cap is not None:  # no partition has fewer parts: the count search starts there
+        min_count = max(min_count, _sample_cap.sample_count_bound(np.ones(len(group_tokens), dtype=np.int64), group_cap))
     sample_workloads = None  # set under the token cost, below
     # A cap below the packed rounding leaves room only for empty samples (checked above), which
     # fit any positive capacity: the partitioner needs one.
@@ -205,14 +253,20 @@ def _local_plan(
         group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
         parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
+        if group_cap is not None and parts is not None:
+            count, parts = _padded_within_samples(parts, count, group_longest, g, max_token_len, group_cap, min_count, step)
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
         count, parts = smallest_feasible_partitions(
             group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
         )
-        if step > 1 and parts is not None:
+        # Under the sample cap the exact search's lower multiple would ignore it: not tried.
+        if step > 1 and parts is not None and group_cap is None:
             count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
+    if group_cap is not None and parts is not None:
+        capacity = None if cost_model.padded else sample_capacity
+        count, parts = _meet_sample_cap(parts, count, group_tokens, group_workloads, capacity, group_cap, min_count, step)
     if parts is None and short_ok:
         parts = [[group] for group in range(len(group_tokens))]
     if parts is None:
@@ -220,15 +274,95 @@ def _local_plan(
         raise MicroBatchPlanError(
             f"Cannot satisfy max_token_len={max_token_len}{model}: {int(lengths.sum())} tokens in "
             f"{len(group_tokens)} group(s) of {g} sample(s) need at least {count} micro-batches "
-            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}), "
+            f"(min_num_micro_batch={min_num_micro_batch}, num_batches_divided_by={num_batches_divided_by}"
+            + ("" if max_samples is None else f", max_samples_per_micro_batch={max_samples}")
+            + "), "
             f"but only {len(group_tokens)} non-empty micro-batches can be formed; raise max_token_len, "
             f"lower min_num_micro_batch or num_batches_divided_by, or give this rank more samples",
             MicroBatchPlanError.CANNOT_SATISFY,
         )
     return _LocalPlan(
         group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows,
-        sample_workloads,
+        sample_workloads, group_cap,
     )
+
+
+#: Counts the sample repair tries after the token search's partition failed it, from that
+#: count up: each a balance on workloads that weigh the groups' count too
+#: (:func:`seqbal.partition.sample_cap.with_count_weight`) and a repair, before the over-full
+#: parts are peeled or split (trades a balance pass per try against the parts a split adds).
+SAMPLE_CAP_TRIES = 3
+
+
+def _meet_sample_cap(
+    parts: list[list[int]],
+    count: int,
+    group_tokens: np.ndarray,
+    group_workloads: np.ndarray,
+    capacity: Optional[int],
+    group_cap: int,
+    min_count: int,
+    step: int,
+) -> tuple[int, Optional[list[list[int]]]]:
+    """``(count, parts)`` made to hold at most ``group_cap`` groups per part.
+
+    Under the token cost (``capacity`` given): the search's partition repaired at its count
+    (where the cap does not bind nothing moves, and the plan is the plain one); else, at
+    :data:`SAMPLE_CAP_TRIES` counts from it up, the snake deal where it meets both caps, or a
+    balance on count-weighted workloads, repaired.
+    Then, and under the padded cost at once, the over-full parts peeled or split
+    (:mod:`seqbal.partition.sample_cap`) and the count raised to the next allowed one by
+    splitting further (:func:`split_bins_to_count`). Splitting never breaks a cap, so the
+    result meets both; ``(count, None)`` where the count exceeds the groups."""
+    ones = np.ones(len(group_tokens), dtype=np.int64)
+    repaired = parts
+    if capacity is not None:
+        repaired, fixed = _sample_cap.repair_sample_cap(parts, group_tokens, ones, capacity, group_cap)
+        if fixed:
+            return count, repaired
+        counted = _sample_cap.with_count_weight(group_workloads)
+        for tried in range(count, min(count + SAMPLE_CAP_TRIES * step, len(group_tokens) + 1), step):
+            dealt = _sample_cap.dealt_within_caps(group_tokens, ones, capacity, group_cap, tried)
+            if dealt is not None:
+                return tried, dealt
+            balanced = capped_balanced_partitions(group_tokens, counted, capacity, tried, feasible=parts)
+            if balanced is None:
+                continue
+            again, fixed = _sample_cap.repair_sample_cap(balanced, group_tokens, ones, capacity, group_cap)
+            if fixed:
+                return tried, again
+    # The search's partition as far as the repair got it (never over the token cap), peeled or split.
+    pieces = _sample_cap.capped_pieces(repaired, group_tokens, ones, capacity, group_cap, repaired=True)
+    count = roundup_divisible(max(min_count, len(pieces)), step)
+    if count > len(group_tokens):
+        return count, None
+    return count, split_bins_to_count(pieces, group_tokens, count)
+
+
+def _padded_within_samples(
+    parts: list[list[int]], count: int, group_longest: np.ndarray, g: int, capacity: int, group_cap: int,
+    min_count: int, step: int,
+) -> tuple[int, Optional[list[list[int]]]]:
+    """``(count, parts)``: the padded partition at ``count`` where it already holds at most ``group_cap`` groups
+    per part (the plan is then the plain one); else the fewer of its parts split to the cap
+    and the runs under both caps (:func:`seqbal.partition.sample_cap.padded_runs`, the fewest
+    there are for groups of one size), raised to the next allowed count by splitting (a piece's
+    padded cost is at most its part's). ``(count, None)`` where that count exceeds the groups."""
+    ones = np.ones(len(group_longest), dtype=np.int64)
+    split = _sample_cap.split_to_sample_cap(parts, ones, group_cap)
+    if len(split) == count:
+        return count, split
+    runs = _sample_cap.padded_runs(group_longest, np.full(len(group_longest), g, dtype=np.int64), capacity, group_cap * g)
+    best = runs if len(runs) < len(split) else split
+    target = roundup_divisible(max(min_count, len(best)), step)
+    if target > len(group_longest):
+        return target, None
+    if target > len(runs) and len(best) == len(runs):
+        # room to balance: the padded partitioner at the target, if it keeps the sample cap
+        balanced = padded_partitions(group_longest, g, capacity, target)
+        if balanced is not None and _sample_cap.within_sample_cap(balanced, ones, group_cap):
+            return target, balanced
+    return target, split_bins_to_count(best, group_longest, target)
 
 
 def _one_multiple_lower(
@@ -291,6 +425,7 @@ def _local_stage(
     *,
     capture_unexpected: bool,
     synced: bool = False,
+    max_samples_per_micro_batch: Any = None,
 ) -> _LocalStage:
     """Validate and plan on this rank's own data, capturing the error instead of raising it.
 
@@ -302,7 +437,7 @@ def _local_stage(
     try:
         arguments = _validate_arguments(
             max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
-            dummy_micro_batches,
+            dummy_micro_batches, max_samples_per_micro_batch,
         )
         measured = get_lengths()
         windows = None
@@ -327,6 +462,7 @@ def _local_stage(
             arguments.cost_model,
             windows,
             short_ok=synced and arguments.dummy_micro_batches,
+            max_samples=arguments.max_samples_per_micro_batch,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:

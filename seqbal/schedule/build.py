@@ -30,6 +30,8 @@ from ..partition import (
     roundup_divisible,
     smallest_feasible_partitions,
 )
+from ..partition import sample_cap as _sample_cap
+from ..partition.packing import split_bins_to_count
 from ..partition.parts import _part_sums
 from ..validation import int_argument
 from ..workload import balance_workloads
@@ -38,7 +40,7 @@ from .dp_schedule import DPSchedule, _group_maxima, _schedule_of
 from .equal_samples import _check_equal_samples, _equal_samples_schedule
 from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, _workloads, raise_if_over
 from .padded import _padded_model, _padded_schedule
-from .slots import _aligned, _slot_cost
+from .slots import _aligned, _even_slots, _polish_ranks, _ranks_within_slots, _slot_cost, _slots_from_bins
 
 
 #: Up to this many micro-batches per rank, build_dp_schedule also aligns the per-rank route's
@@ -94,6 +96,7 @@ def build_dp_schedule(
     cost_model: Union[None, str, CostModel] = None,
     equal_samples: bool = False,
     use_dynamic_bsz_balance: bool = True,
+    max_samples_per_micro_batch: Optional[int] = None,
 ) -> DPSchedule:
     """Plan every DP rank's samples and micro-batches at once, on the driver, with no collective.
 
@@ -160,11 +163,20 @@ def build_dp_schedule(
             efficiency). Default False.
         use_dynamic_bsz_balance: order the slots for pipeline bubbles (light at both ends), as
             ``plan_micro_batches`` does. Default True; False: heaviest slot first.
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch (a
+            group counts its samples). The count starts at the bound on samples
+            (:func:`seqbal.partition.sample_cap.sample_count_bound`), the partition of step 3 is
+            made to meet it (repaired, else dealt in snake order, else peeled or split:
+            :mod:`seqbal.partition.sample_cap`, raising the count only there), and steps 5-6 keep it: their moves are dropped where they
+            would break it (swaps only for groups of one size, else no evening). Under the
+            padded cost, runs over it are split. Not yet with ``equal_samples`` (a
+            ``ValueError``). Default None (no cap).
 
     Returns:
         A :class:`DPSchedule`. Guarantees: the same count on every rank; every sample exactly
         once; every micro-batch ``<= max_token_len`` tokens and non-empty; groups never split;
-        per rank the micro-batches tile ``rank_indices`` in order; the count a multiple of
+        per rank the micro-batches tile ``rank_indices`` in order; at most
+        ``max_samples_per_micro_batch`` samples per micro-batch when given; the count a multiple of
         ``num_batches_divided_by`` and ``>= min_num_micro_batch``; with ``equal_samples`` the
         same sample count on every rank; deterministic. :meth:`DPSchedule.step_efficiency`
         reports how even the slots and the ranks are.
@@ -207,6 +219,7 @@ def build_dp_schedule(
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     if equal_samples:
         _check_equal_samples(len(array), groups, dp_size, force_group_size)
+    max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids, equal_samples)
     measured = cost.rounded(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
     work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
@@ -237,6 +250,9 @@ def build_dp_schedule(
 
     step = dp_size * (num_batches_divided_by or 1)
     floor = dp_size * (min_num_micro_batch or 1)
+    group_samples = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
+    if max_samples is not None:  # no partition has fewer parts: the search starts there
+        floor = max(floor, _sample_cap.sample_count_bound(group_samples, max_samples))
     if equal_samples:
         padded = (group_sizes, group_longest, _padded_model(workload_fn)) if cost.padded else None
         return _equal_samples_schedule(
@@ -246,7 +262,7 @@ def build_dp_schedule(
     if cost.padded:
         return _padded_schedule(
             array, work, groups, group_sizes, group_longest, capacity, dp_size, step, floor, max_token_len,
-            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance,
+            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance, max_samples,
         )
     packing = best_fit_decreasing_partitions(group_tokens, capacity)
     target = roundup_divisible(max(len(packing), floor), step)
@@ -276,6 +292,22 @@ def build_dp_schedule(
         )
     if parts is None or len(parts) != count:  # step 4 of capped_balanced_partitions guarantees this
         raise RuntimeError(f"internal error: no cap-respecting partition into {count} parts; please report")
+    if max_samples is not None:
+        repaired, fixed = _sample_cap.repair_sample_cap(parts, group_tokens, group_samples, capacity, max_samples)
+        dealt = None if fixed else _sample_cap.dealt_within_caps(group_tokens, group_samples, capacity, max_samples, count)
+        parts = repaired if fixed else dealt or _sample_cap.capped_pieces(
+            repaired, group_tokens, group_samples, capacity, max_samples, repaired=True
+        )
+        if len(parts) > count:  # the repair could not keep the count: split up to the next multiple
+            count = roundup_divisible(len(parts), step)
+            if count > len(groups):
+                raise _too_few_groups(
+                    count, len(parts), len(groups), dp_size, max_token_len, num_batches_divided_by, min_num_micro_batch
+                )
+            parts = split_bins_to_count(parts, group_tokens, count, weights=group_work)
+        parts, grid = _aligned_within_samples(parts, group_tokens, group_work, group_samples, capacity, dp_size, max_samples)
+        bin_work = _part_sums(group_work, parts)
+        return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
 
     # Cut the micro-batches into slots of similar work, even out each slot with group moves and
     # swaps, then place each slot's micro-batches on ranks so that rank totals are even too.
@@ -293,3 +325,47 @@ def build_dp_schedule(
                 parts, grid = other
     bin_work = _part_sums(group_work, parts)
     return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
+
+
+def _check_sample_cap(
+    max_samples: Optional[int], groups: list[list[int]], group_ids: Optional[Sequence[Hashable]], equal_samples: bool,
+) -> Optional[int]:
+    """``max_samples_per_micro_batch`` as an int (None stays None), or the ``ValueError``: not a
+    positive int, a group of more samples, or a route that does not take it yet."""
+    if max_samples is None:
+        return None
+    max_samples = int_argument("max_samples_per_micro_batch", max_samples, expected="None or a positive int")
+    if equal_samples:
+        raise ValueError(
+            f"max_samples_per_micro_batch={max_samples} is not supported with equal_samples=True yet: plan per "
+            f"rank with seqbal.plan_data_parallel, which takes both"
+        )
+    largest = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))
+    if len(groups[largest]) > max_samples:
+        kind = "forced group" if group_ids is None else "group"
+        raise ValueError(
+            f"{kind} of {len(groups[largest])} samples exceeds max_samples_per_micro_batch={max_samples}: group "
+            f"{largest} (samples {groups[largest]}) must share a micro-batch; raise max_samples_per_micro_batch to at "
+            f"least {len(groups[largest])} or use smaller groups"
+        )
+    return max_samples
+
+
+def _aligned_within_samples(
+    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, samples: np.ndarray, capacity: int, dp_size: int,
+    max_samples: int,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Steps 4-6 on a partition that meets the sample cap, keeping it. Where every group has as
+    many samples, a swap keeps every micro-batch's sample count, so the evening and the polish
+    run with swaps only; otherwise the full alignment runs and is kept where it happens to keep
+    the cap, else the slots and ranks are formed with no evening. The cap holds either way."""
+    parts = sorted(sorted(part) for part in parts)
+    slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
+    if len(samples) and bool((samples == samples[0]).all()):
+        evened = _even_slots(parts, slots, tokens, work, capacity, moves=False)
+        grid = _ranks_within_slots(slots, _part_sums(work, evened), dp_size)
+        return _polish_ranks(evened, grid, tokens, work, capacity, moves=False), grid
+    aligned = _aligned(parts, tokens, work, capacity, dp_size)
+    if _sample_cap.within_sample_cap(aligned[0], samples, max_samples):
+        return aligned
+    return parts, _ranks_within_slots(slots, _part_sums(work, parts), dp_size)
