@@ -40,7 +40,7 @@ from .dp_schedule import DPSchedule, _group_maxima, _schedule_of
 from .equal_samples import _check_equal_samples, _equal_samples_schedule
 from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, _workloads, raise_if_over
 from .padded import _padded_model, _padded_schedule
-from .slots import _aligned, _even_slots, _polish_ranks, _ranks_within_slots, _slot_cost, _slots_from_bins
+from .slots import _aligned, _Bins, _even_slots, _polish_ranks, _ranks_within_slots, _slot_cost, _slots_from_bins
 
 
 #: Up to this many micro-batches per rank, build_dp_schedule also aligns the per-rank route's
@@ -362,9 +362,11 @@ def _aligned_within_samples(
     parts = sorted(sorted(part) for part in parts)
     slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
     if len(samples) and bool((samples == samples[0]).all()):
-        evened = _even_slots(parts, slots, tokens, work, capacity, moves=False)
-        grid = _ranks_within_slots(slots, _part_sums(work, evened), dp_size)
-        return _polish_ranks(evened, grid, tokens, work, capacity, moves=False), grid
+        bins = _Bins(parts, tokens, work, capacity, moves=False)
+        _even_slots(bins, slots)
+        grid = _ranks_within_slots(slots, bins.bin_work, dp_size)
+        _polish_ranks(bins, grid)
+        return bins.parts, grid
     aligned = _aligned(parts, tokens, work, capacity, dp_size)
     if _sample_cap.within_sample_cap(aligned[0], samples, max_samples):
         return aligned
