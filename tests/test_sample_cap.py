@@ -204,9 +204,39 @@ def test_cannot_satisfy_names_the_sample_cap():
         build_dp_schedule([1] * 4, 3, 100, max_samples_per_micro_batch=1)
 
 
-def test_schedule_route_without_the_cap_says_so():
-    with pytest.raises(ValueError, match="not supported with equal_samples=True"):
-        build_dp_schedule([1] * 4, 2, 100, equal_samples=True, max_samples_per_micro_batch=2)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(capped_inputs(), st.integers(1, 4), st.sampled_from([None, "padded"]))
+def test_equal_samples_schedule_keeps_both_caps(case, dp_size, cost_model):
+    lengths, cap, max_samples, g, divisor, minimum = case
+    groups = len(lengths) // g
+    lengths = lengths[: groups // dp_size * dp_size * g]  # every rank the same number of groups
+    if not lengths:
+        return
+    kwargs = dict(force_group_size=g, num_batches_divided_by=divisor, min_num_micro_batch=minimum, cost_model=cost_model)
+    try:
+        schedule = build_dp_schedule(lengths, dp_size, cap, equal_samples=True, max_samples_per_micro_batch=max_samples,
+                                     **kwargs)
+    except ValueError as error:
+        assert "Cannot satisfy max_token_len" in str(error) and f"max_samples_per_micro_batch={max_samples}" in str(error)
+        return
+    assert_schedule_invariants(lengths, schedule, cap, dp_size, equal_samples=True,
+                               max_samples_per_micro_batch=max_samples, **kwargs)
+
+
+def test_equal_samples_schedule_count_is_the_sample_bound_where_tokens_never_bind():
+    # 2 ranks x 12 samples, at most 4 per micro-batch: 3 micro-batches per rank, none over 4
+    schedule = build_dp_schedule([10] * 24, 2, 10_000, equal_samples=True, max_samples_per_micro_batch=4)
+    assert schedule.num_micro_batches == 3
+    assert [len(mb) for rank in schedule.micro_batches for mb in rank] == [4] * 6
+    # forced pairs: at most 2 pairs (5 // 2) per micro-batch, 6 pairs per rank
+    schedule = build_dp_schedule([10] * 24, 2, 10_000, equal_samples=True, force_group_size=2,
+                                 max_samples_per_micro_batch=5)
+    assert schedule.num_micro_batches == 3
+    assert max(len(mb) for rank in schedule.micro_batches for mb in rank) == 4
+    # the padded cost: runs of the sorted groups, the fewest under both caps
+    schedule = build_dp_schedule([10] * 24, 2, 10_000, equal_samples=True, cost_model="padded",
+                                 max_samples_per_micro_batch=4)
+    assert schedule.num_micro_batches == 3
 
 
 # ------------------------------------------------------------------ the pieces
@@ -251,3 +281,17 @@ def test_padded_count_is_the_fewest_runs_under_both_caps(lengths, cap, max_sampl
     assert_plan_invariants(lengths, parts, cap, cost_model="padded", max_samples_per_micro_batch=max_samples)
     runs = sample_cap.padded_runs(np.array(lengths), np.ones(len(lengths), dtype=np.int64), cap, max_samples)
     assert len(parts) == len(runs)
+
+
+def test_a_share_raised_to_the_common_count_keeps_the_sample_cap():
+    # At 4 parts the balance puts each 100-token sample alone and the nine 1-token ones together
+    # (9 > 4 samples): the raise must repair it (or split the share's own plan), never return it.
+    from seqbal.schedule.equal_samples import _raised
+
+    tokens = np.array([100, 100, 100] + [1] * 9, dtype=np.int64)
+    samples = np.ones(12, dtype=np.int64)
+    own = [[0, 3, 4, 5], [1, 6, 7, 8], [2, 9, 10, 11]]  # meets both caps at 3
+    raised = _raised(tokens, tokens * tokens, samples, 300, 4, 4, own)
+    assert sorted(i for part in raised for i in part) == list(range(12)) and len(raised) == 4
+    assert max(len(part) for part in raised) <= 4
+    assert max(int(tokens[part].sum()) for part in raised) <= 300

@@ -169,8 +169,9 @@ def build_dp_schedule(
             made to meet it (repaired, else dealt in snake order, else peeled or split:
             :mod:`seqbal.partition.sample_cap`, raising the count only there), and steps 5-6 keep it: their moves are dropped where they
             would break it (swaps only for groups of one size, else no evening). Under the
-            padded cost, runs over it are split. Not yet with ``equal_samples`` (a
-            ``ValueError``). Default None (no cap).
+            padded cost, runs over it are split. With ``equal_samples`` (groups of one size)
+            each rank's share is planned under both caps and only swaps even the slots, which
+            keep every micro-batch's sample count. Default None (no cap).
 
     Returns:
         A :class:`DPSchedule`. Guarantees: the same count on every rank; every sample exactly
@@ -219,7 +220,7 @@ def build_dp_schedule(
             raise ValueError(f"{name} must be True or False, got {flag!r}")
     if equal_samples:
         _check_equal_samples(len(array), groups, dp_size, force_group_size)
-    max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids, equal_samples)
+    max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids)
     measured = cost.rounded(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
     work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
@@ -257,7 +258,7 @@ def build_dp_schedule(
         padded = (group_sizes, group_longest, _padded_model(workload_fn)) if cost.padded else None
         return _equal_samples_schedule(
             array, work, groups, group_tokens, group_work, capacity, dp_size, max_token_len,
-            num_batches_divided_by or 1, min_num_micro_batch or 1, padded, use_dynamic_bsz_balance,
+            num_batches_divided_by or 1, min_num_micro_batch or 1, padded, use_dynamic_bsz_balance, max_samples,
         )
     if cost.padded:
         return _padded_schedule(
@@ -328,18 +329,13 @@ def build_dp_schedule(
 
 
 def _check_sample_cap(
-    max_samples: Optional[int], groups: list[list[int]], group_ids: Optional[Sequence[Hashable]], equal_samples: bool,
+    max_samples: Optional[int], groups: list[list[int]], group_ids: Optional[Sequence[Hashable]],
 ) -> Optional[int]:
     """``max_samples_per_micro_batch`` as an int (None stays None), or the ``ValueError``: not a
-    positive int, a group of more samples, or a route that does not take it yet."""
+    positive int, or a group of more samples."""
     if max_samples is None:
         return None
     max_samples = int_argument("max_samples_per_micro_batch", max_samples, expected="None or a positive int")
-    if equal_samples:
-        raise ValueError(
-            f"max_samples_per_micro_batch={max_samples} is not supported with equal_samples=True yet: plan per "
-            f"rank with seqbal.plan_data_parallel, which takes both"
-        )
     largest = max(range(len(groups)), key=lambda g: (len(groups[g]), -g))
     if len(groups[largest]) > max_samples:
         kind = "forced group" if group_ids is None else "group"

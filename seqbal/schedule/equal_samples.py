@@ -18,6 +18,8 @@ from ..partition import (
     roundup_divisible,
     smallest_feasible_partitions,
 )
+from ..partition import sample_cap as _sample_cap
+from ..partition.packing import split_bins_to_count
 from ..partition.parts import _part_sums
 from .dp_schedule import DPSchedule, _schedule_of
 from .padded import _padded_work
@@ -57,6 +59,7 @@ def _equal_samples_schedule(
     min_count: int,
     padded: Optional[tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]],
     pipeline: bool,
+    max_samples: Optional[int] = None,
 ) -> DPSchedule:
     """build_dp_schedule with ``equal_samples=True``: split, then pack each share, then align.
 
@@ -66,14 +69,28 @@ def _equal_samples_schedule(
     the others split up to it); each rank's micro-batches are sorted by workload and slot ``i``
     takes the ``i``-th of every rank, then swaps of one group for one between a slot's
     micro-batches even it out (a swap keeps both ranks' sample counts). ``padded`` is
-    ``(group_sizes, group_longest, model)`` under the padded cost, where no group moves."""
+    ``(group_sizes, group_longest, model)`` under the padded cost, where no group moves.
+
+    ``max_samples`` (``max_samples_per_micro_batch``): every group has the same number of
+    samples, so a share's micro-batches hold at most ``max_samples // group size`` groups. Each
+    share's count starts at that bound, its plan is made to meet the cap
+    (:func:`seqbal.partition.sample_cap.capped_pieces`; the padded cost's fewest runs,
+    :func:`seqbal.partition.sample_cap.padded_runs`), and a share raised to the common count
+    keeps its balanced plan only where it meets the cap (repaired at that count), else its own
+    plan is split up to the count (a piece keeps both caps). The swaps of the evening keep every
+    micro-batch's group count, so the cap holds to the end."""
     shares = [np.asarray(sorted(share), dtype=np.int64) for share in karmarkar_karp(group_work, dp_size, equal_size=True)]
     per_share = len(shares[0])
+    group_samples = np.full(len(group_work), len(groups[0]) if groups else 1, dtype=np.int64)
+    if max_samples is not None:  # no share has fewer micro-batches than its groups need on samples
+        min_count = max(min_count, _sample_cap.sample_count_bound(group_samples[shares[0]], max_samples))
+
+    sample_cap = "" if max_samples is None else f" and max_samples_per_micro_batch={max_samples}"
 
     def too_few(needed: int) -> ValueError:
         return ValueError(
             f"Cannot satisfy max_token_len={max_token_len} with equal_samples=True: every rank needs {needed} "
-            f"micro-batches (to respect the cap, a multiple of num_batches_divided_by={divisor}, at least "
+            f"micro-batches (to respect the cap{sample_cap}, a multiple of num_batches_divided_by={divisor}, at least "
             f"min_num_micro_batch={min_count}) but each rank's share has only {per_share} group(s); raise "
             f"max_token_len, lower num_batches_divided_by or min_num_micro_batch, use a smaller dp_size, or "
             f"pass equal_samples=False"
@@ -81,11 +98,21 @@ def _equal_samples_schedule(
 
     if padded is not None:
         sizes, longest, model = padded
-        fewest = max(padded_min_count(longest[share], sizes[share], capacity) for share in shares)
+        if max_samples is None:
+            fewest = max(padded_min_count(longest[share], sizes[share], capacity) for share in shares)
+        else:  # runs of the sorted groups: the fewest under both caps, groups being of one size
+            runs = [_sample_cap.padded_runs(longest[share], sizes[share], capacity, max_samples) for share in shares]
+            fewest = max(len(share_runs) for share_runs in runs)
         count = roundup_divisible(max(fewest, min_count), divisor)
         if count > per_share:
             raise too_few(count)
         plans = [padded_partitions(longest[share], sizes[share], capacity, count, workload_fn=model) for share in shares]
+        if max_samples is not None:
+            plans = [
+                plan if plan is not None and _sample_cap.within_sample_cap(plan, sizes[share], max_samples)
+                else split_bins_to_count(share_runs, longest[share] * sizes[share], count)
+                for share, plan, share_runs in zip(shares, plans, runs)
+            ]
         if any(plan is None or len(plan) != count for plan in plans):
             raise RuntimeError(f"internal error: no padded partition into {count} parts; please report")
     else:
@@ -93,11 +120,17 @@ def _equal_samples_schedule(
             smallest_feasible_partitions(group_tokens[share], group_work[share], capacity, min_count=min_count, step=divisor)
             for share in shares
         ]
+        if max_samples is not None:  # each share's own plan made to meet the sample cap (more parts at worst)
+            searched = [
+                _capped_search(group_tokens[share], group_samples[share], capacity, max_samples, divisor, k, plan)
+                for share, (k, plan) in zip(shares, searched)
+            ]
         count = max(k for k, _ in searched)
         if count > per_share or any(plan is None for _, plan in searched):
             raise too_few(count)
         plans = [
-            plan if k == count else capped_balanced_partitions(group_tokens[share], group_work[share], capacity, count, feasible=plan)
+            plan if len(plan) == count else _raised(group_tokens[share], group_work[share], group_samples[share], capacity,
+                                                    max_samples, count, plan)
             for share, (k, plan) in zip(shares, searched)
         ]
         if any(plan is None or len(plan) != count for plan in plans):  # feasible= makes this succeed
@@ -120,3 +153,31 @@ def _equal_samples_schedule(
         _polish_ranks(bins, grid)
         parts, bin_work = bins.parts, weigh(bins.parts)
     return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)
+
+
+def _capped_search(
+    tokens: np.ndarray, samples: np.ndarray, capacity: int, max_samples: int, divisor: int, count: int,
+    plan: Optional[list[list[int]]],
+) -> tuple[int, Optional[list[list[int]]]]:
+    """A share's searched ``(count, plan)`` made to meet the sample cap: the plan repaired, else
+    peeled or split (:func:`seqbal.partition.sample_cap.capped_pieces`), and the count raised to
+    its parts, a multiple of ``divisor``. A count beyond the share's groups stays as it is."""
+    if plan is None:
+        return count, None
+    plan = _sample_cap.capped_pieces(plan, tokens, samples, capacity, max_samples)
+    return max(count, roundup_divisible(len(plan), divisor)), plan
+
+
+def _raised(
+    tokens: np.ndarray, work: np.ndarray, samples: np.ndarray, capacity: int, max_samples: Optional[int], count: int,
+    plan: list[list[int]],
+) -> Optional[list[list[int]]]:
+    """A share's plan at the common ``count`` (more parts than ``plan``): balanced at that count
+    from ``plan``; under the sample cap that balance is repaired at the same count, and where
+    the repair cannot fix it, ``plan`` itself is split up to the count (a piece keeps both
+    caps, which is why the largest of the shares' counts is reachable by every share)."""
+    balanced = capped_balanced_partitions(tokens, work, capacity, count, feasible=plan)
+    if max_samples is None or balanced is None or _sample_cap.within_sample_cap(balanced, samples, max_samples):
+        return balanced
+    repaired, fixed = _sample_cap.repair_sample_cap(balanced, tokens, samples, capacity, max_samples)
+    return repaired if fixed else split_bins_to_count(plan, tokens, count, weights=work)
