@@ -125,11 +125,12 @@ def _plan(
     except MicroBatchPlanError as error:
         flag_problem, same_micro_num_in_dp = error, True
     sync = dp_group is not None and _sync_mode(dp_group, same_micro_num_in_dp)
-    stage = _local_stage(
-        get_lengths, max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
-        dummy_micro_batches, capture_unexpected=sync, synced=sync,
-        max_samples_per_micro_batch=max_samples_per_micro_batch,
+    raw_arguments = dict(
+        max_token_len=max_token_len, num_batches_divided_by=num_batches_divided_by,
+        min_num_micro_batch=min_num_micro_batch, force_group_size=force_group_size, cost_model=cost_model,
+        dummy_micro_batches=dummy_micro_batches, max_samples_per_micro_batch=max_samples_per_micro_batch,
     )
+    stage = _local_stage(get_lengths, raw_arguments, capture_unexpected=sync, synced=sync)
     if flag_problem is not None:
         stage = _LocalStage(None, None, flag_problem, flag_problem.code, stage.arguments)
     if not sync:

@@ -159,12 +159,13 @@ def plan_data_parallel(
     use_dynamic_bsz_balance = _as_flag("use_dynamic_bsz_balance", use_dynamic_bsz_balance)
     if len(rank_seq_lens) == 0:
         raise MicroBatchPlanError("rank_seq_lens is empty: give one length list per rank", MicroBatchPlanError.BAD_ARGUMENT)
+    raw_arguments = dict(
+        max_token_len=max_token_len, num_batches_divided_by=num_batches_divided_by,
+        min_num_micro_batch=min_num_micro_batch, force_group_size=force_group_size, cost_model=cost_model,
+        max_samples_per_micro_batch=max_samples_per_micro_batch,
+    )
     stages = [
-        _local_stage(
-            (lambda lengths=lengths: lengths), max_token_len, num_batches_divided_by, min_num_micro_batch,
-            force_group_size, cost_model, capture_unexpected=False,
-            max_samples_per_micro_batch=max_samples_per_micro_batch,
-        )
+        _local_stage((lambda lengths=lengths: lengths), raw_arguments, capture_unexpected=False)
         for lengths in rank_seq_lens
     ]
     world = len(stages)

@@ -416,29 +416,23 @@ class _LocalStage:
 
 def _local_stage(
     get_lengths: Callable[[], LengthsLike],
-    max_token_len: Any,
-    num_batches_divided_by: Any,
-    min_num_micro_batch: Any,
-    force_group_size: Any,
-    cost_model: Any = None,
-    dummy_micro_batches: Any = False,
+    raw_arguments: dict[str, Any],
     *,
     capture_unexpected: bool,
     synced: bool = False,
-    max_samples_per_micro_batch: Any = None,
 ) -> _LocalStage:
     """Validate and plan on this rank's own data, capturing the error instead of raising it.
 
-    With ``capture_unexpected`` (sync mode) any exception is captured, not only ours: an
-    unexpected one must still reach the agreement, or the peers would hang. With ``synced``
-    and ``dummy_micro_batches``, a count above this rank's groups is left to the dummies.
+    ``raw_arguments``: the caller's arguments as given, by the names of
+    :func:`~seqbal.plan.arguments._validate_arguments` (checked here, inside the capture, so
+    that a bad one is this rank's error in the agreement). With ``capture_unexpected`` (sync
+    mode) any exception is captured, not only ours: an unexpected one must still reach the
+    agreement, or the peers would hang. With ``synced`` and ``dummy_micro_batches``, a count
+    above this rank's groups is left to the dummies.
     """
     arguments = None
     try:
-        arguments = _validate_arguments(
-            max_token_len, num_batches_divided_by, min_num_micro_batch, force_group_size, cost_model,
-            dummy_micro_batches, max_samples_per_micro_batch,
-        )
+        arguments = _validate_arguments(**raw_arguments)
         measured = get_lengths()
         windows = None
         if isinstance(measured, _WindowedLengths):
