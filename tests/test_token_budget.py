@@ -46,6 +46,29 @@ def test_every_guarantee(lengths, world, ga, padded, epoch):
     assert sorted(itertools.chain.from_iterable(batches)) == list(range(len(lengths)))
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=8, max_size=120),
+    world=st.integers(1, 4),
+    max_samples=st.integers(1, 6),
+    epoch=st.integers(0, 3),
+)
+def test_the_sample_cap_holds_in_every_epoch(lengths, world, max_samples, epoch):
+    try:
+        samplers = all_ranks(lengths, 256, world, max_samples_per_micro_batch=max_samples, seed=5)
+    except ValueError as error:
+        assert "Cannot satisfy" in str(error)  # too few samples for the micro-batches the caps need
+        return
+    assert len(samplers[0]) * world >= -(-len(lengths) // max_samples)
+    batches = []
+    for s in samplers:
+        s.set_epoch(epoch)
+        mine = list(s)
+        assert all(0 < len(mb) <= max_samples and sum(lengths[i] for i in mb) <= 256 for mb in mine)
+        batches.extend(mine)
+    assert sorted(itertools.chain.from_iterable(batches)) == list(range(len(lengths)))
+
+
 def test_epochs_reshuffle_deterministically_and_slots_stay_aligned():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 40, 400).tolist()

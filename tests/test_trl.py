@@ -70,6 +70,16 @@ def test_sft_trainer_under_the_cap(world, tmp_path):
     check_training(launch("sft", world, tmp_path), "tokens")
 
 
+def test_sft_trainer_under_both_caps_two_ranks(tmp_path):
+    records = launch("samplecap", 2, tmp_path)
+    check_training(records, "tokens")
+    for r in records:
+        assert max(r["sequences"]) <= workers.MAX_SAMPLES, r["sequences"]
+        assert all(len(mb) <= workers.MAX_SAMPLES for rank in r["plan"] for mb in rank)
+    unlimited = max(len(mb) for rank in launch("sft", 2, tmp_path)[0]["plan"] for mb in rank)
+    assert unlimited > workers.MAX_SAMPLES  # without the sample cap the token cap alone packs more: the test has teeth
+
+
 def test_plain_trainer_padded_cost_two_ranks(tmp_path):
     check_training(launch("trainer", 2, tmp_path), "padded")
 
@@ -136,3 +146,6 @@ def test_install_uninstall_restores_only_its_own_patch():
     Trainer._get_train_sampler = original
     with pytest.raises(ValueError, match="max_token_len must be a positive int"):
         seqbal_trl.install(0)
+    with pytest.raises(ValueError, match="max_samples_per_micro_batch must be a positive int"):
+        seqbal_trl.install(64, max_samples_per_micro_batch=0)
+    assert not seqbal_trl.is_installed()

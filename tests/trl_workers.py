@@ -11,6 +11,8 @@ Modes:
   the parameter update and the step's samples, for the test to compare with the gradient of
   one full-batch token-mean loss.
 - ``overcap``: one sample over the cap; records the error.
+- ``samplecap``: ``sft`` with ``max_samples_per_micro_batch=MAX_SAMPLES`` too; records every
+  forward's sequence count (the packed ``position_ids``' starts).
 - ``resume``: plain ``Trainer`` (TRL's padding-free collator), 2 epochs with a checkpoint every
   step, then a fresh ``Trainer`` resumed from the checkpoint one step into epoch 1; records the
   ``input_ids`` of every forward of both runs and the steps per epoch.
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 CAP = 96
 VOCAB = 48
+MAX_SAMPLES = 3
 
 
 def tiny_model(dtype=torch.float32):
@@ -74,7 +77,7 @@ def dataset_rows(count: int, seed: int, over: bool = False) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume"))
+    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume", "samplecap"))
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
@@ -139,9 +142,15 @@ def run(mode: str, record: dict, out: Path) -> None:
     dtype = torch.float64 if mode == "exact" else torch.float32
     model = tiny_model(dtype)
     forwards: list[int] = []
-    model.register_forward_pre_hook(
-        lambda module, args, kwargs: forwards.append(int(kwargs["input_ids"].numel())), with_kwargs=True
-    )
+    sequences: list[int] = []  # per forward: packed sequences (position_ids restart at 0), else rows
+
+    def record_forward(module, args, kwargs):
+        forwards.append(int(kwargs["input_ids"].numel()))
+        positions = kwargs.get("position_ids")
+        rows = kwargs["input_ids"].shape[0]
+        sequences.append(int((positions == 0).sum()) if positions is not None and rows == 1 else rows)
+
+    model.register_forward_pre_hook(record_forward, with_kwargs=True)
     rows = dataset_rows(24 if mode == "exact" else 160, seed=1, over=mode == "overcap")
     dataset = datasets.Dataset.from_list(rows)
     common = dict(
@@ -153,7 +162,8 @@ def run(mode: str, record: dict, out: Path) -> None:
                       max_grad_norm=0.0, max_steps=1, warmup_steps=0)
     else:
         common.update(learning_rate=3e-2, num_train_epochs=2, lr_scheduler_type="constant")
-    with warnings.catch_warnings(record=True) as caught, seqbal_trl.installed(CAP):
+    max_samples = MAX_SAMPLES if mode == "samplecap" else None
+    with warnings.catch_warnings(record=True) as caught, seqbal_trl.installed(CAP, max_samples_per_micro_batch=max_samples):
         warnings.simplefilter("always")
         if mode == "trainer":
             args = TrainingArguments(**common, remove_unused_columns=True)
@@ -198,6 +208,7 @@ def run(mode: str, record: dict, out: Path) -> None:
         result = trainer.train()
     record["warnings"] = [str(w.message) for w in caught if "seqbal" in str(w.message)]
     record["forwards"] = forwards
+    record["sequences"] = sequences
     record["global_step"] = result.global_step
     record["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     if mode == "exact":

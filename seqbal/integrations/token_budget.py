@@ -62,7 +62,8 @@ class TokenBudgetBatchSampler:
 
     Guarantees (for the chosen cost model, on every rank, every epoch):
 
-    - every micro-batch costs at most ``max_token_len``; an impossible cap is a ``ValueError``
+    - every micro-batch costs at most ``max_token_len`` (and holds at most
+      ``max_samples_per_micro_batch`` samples, where given); an impossible cap is a ``ValueError``
       naming the sample, its tokens and the cap, raised here, when the sampler is built;
     - ``len(self)`` is the exact number of micro-batches each rank yields per epoch, the same on
       every rank and in every epoch, computed from the global lengths with no collective; it is
@@ -89,6 +90,9 @@ class TokenBudgetBatchSampler:
             default the token cost (padding-free collation).
         force_group_size: consecutive samples that must share a micro-batch.
         gradient_accumulation_steps: the count per rank is made a multiple of this.
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch
+            (see :func:`seqbal.build_dp_schedule`); default None (as many as fit the tokens).
+            The epoch's reshuffle keeps every micro-batch's sample count.
 
     Complexity: the plan is one :func:`seqbal.build_dp_schedule` on ``n`` lengths, at
     construction; an epoch's shuffle is O(n log n); memory O(n).
@@ -111,6 +115,7 @@ class TokenBudgetBatchSampler:
         cost_model: Union[None, str, Any] = None,
         force_group_size: int = 1,
         gradient_accumulation_steps: int = 1,
+        max_samples_per_micro_batch: Optional[int] = None,
     ) -> None:
         from .. import build_dp_schedule
 
@@ -132,6 +137,7 @@ class TokenBudgetBatchSampler:
             num_batches_divided_by=self.gradient_accumulation_steps,
             cost_model=cost_model,
             use_dynamic_bsz_balance=False,
+            max_samples_per_micro_batch=max_samples_per_micro_batch,
         )
         self._group_classes = self._equal_length_classes()
 

@@ -155,12 +155,15 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         seed=seed,
         cost_model=cost_model,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
+        max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
     )
     sampler._trainer = weakref.ref(self)
     return sampler
 
 
-def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> list[tuple[str, str]]:
+def install(
+    max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+) -> list[tuple[str, str]]:
     """Make every transformers ``Trainer`` (TRL's ``SFTTrainer`` included) build its training
     dataloader from :class:`TokenBudgetBatchSampler` under ``max_token_len``. Call it in every
     training process before ``trainer.train()``. Idempotent; a second call changes the cap.
@@ -169,16 +172,22 @@ def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> 
         max_token_len: hard cap on every micro-batch's cost.
         cost_model: :class:`seqbal.CostModel` or its name; default: token cost when the
             trainer's collator is padding-free (``padding_free=True``), padded cost otherwise.
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
+            default None (as many as fit the tokens).
 
     Returns:
         the ``(owner, attribute)`` pairs that now point to seqbal.
 
     Raises:
         ImportError: transformers missing, or older than 5.24.0 (no ``BatchRebalanceSampler``).
-        ValueError: ``max_token_len`` not a positive int.
+        ValueError: ``max_token_len`` not a positive int, ``max_samples_per_micro_batch``
+            neither None nor a positive int.
     """
-    if isinstance(max_token_len, bool) or not isinstance(max_token_len, int) or max_token_len < 1:
-        raise ValueError(f"max_token_len must be a positive int, got {max_token_len!r}")
+    for name, value in (("max_token_len", max_token_len), ("max_samples_per_micro_batch", max_samples_per_micro_batch)):
+        if value is None and name != "max_token_len":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     try:
         module = importlib.import_module(TRAINER_MODULE)
         importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
@@ -187,7 +196,8 @@ def install(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> 
             f"seqbal.integrations.trl needs transformers >= 5.24.0 (tested with {TESTED}): "
             f"{type(error).__name__}: {error}"
         ) from error
-    _settings.update(max_token_len=max_token_len, cost_model=cost_model)
+    _settings.update(max_token_len=max_token_len, cost_model=cost_model,
+                     max_samples_per_micro_batch=max_samples_per_micro_batch)
     trainer = module.Trainer
     if not _patches and vars(trainer)[_NAME] is not _get_train_sampler:
         _patches.append(Patch(trainer, _NAME, _get_train_sampler))
@@ -211,7 +221,12 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-def installed(max_token_len: int, *, cost_model: Union[None, str, Any] = None) -> ContextManager[list[tuple[str, str]]]:
-    """``with installed(cap): ...`` runs the block with seqbal installed, then uninstalls it (if
-    it was not installed before the block)."""
-    return installed_while(lambda: install(max_token_len, cost_model=cost_model), uninstall, is_installed)
+def installed(
+    max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+) -> ContextManager[list[tuple[str, str]]]:
+    """``with installed(cap): ...`` runs the block with seqbal installed (the arguments of
+    :func:`install`), then uninstalls it (if it was not installed before the block)."""
+    return installed_while(
+        lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch),
+        uninstall, is_installed,
+    )
