@@ -50,7 +50,7 @@ lengths_strategy = st.tuples(
     st.integers(100, 400),  # items
     st.sampled_from([256, 1000, 4096]),  # cap
     st.integers(0, 2**31 - 1),  # seed
-    st.sampled_from(["uniform", "small", "third"]),
+    st.sampled_from(["uniform", "small", "third", "tiny", "over_half"]),
 )
 
 
@@ -60,6 +60,10 @@ def _lengths(n: int, cap: int, seed: int, shape: str) -> np.ndarray:
         return rng.integers(1, cap + 1, n).astype(np.int64)
     if shape == "small":
         return rng.integers(1, cap // 4 + 1, n).astype(np.int64)
+    if shape == "tiny":  # many per part, each at most cap / 10: where the whole input is tried at its bound
+        return rng.integers(cap // 50, cap // 10 + 1, n).astype(np.int64)
+    if shape == "over_half":  # one per part: the chunks' balance has nothing to do
+        return rng.integers(cap // 2 + 1, cap + 1, n).astype(np.int64)
     return rng.integers(cap * 1160 // 4096, cap * 1570 // 4096 + 1, n).astype(np.int64)
 
 
@@ -137,3 +141,25 @@ def test_progress_reports_every_item_once(small_chunks, n):
     assert (len(seen) > 2) == (n == 400), seen
     smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
     assert sum(seen) == n  # nobody watches the second call
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7, 45])
+def test_whole_input_tried_at_its_bound_where_the_seams_alone_lose(small_chunks, monkeypatch, seed):
+    """Small items, many per part, a packing one or two parts above the bound: the chunks lose
+    to the packing by their seams, and the whole input's one try at its bound lands on it
+    (search._seams_only). Without that try the plan is the packing's count."""
+    from seqbal.partition import packing_lower_bound
+
+    rng = np.random.default_rng(seed)
+    low = int(rng.integers(30, 90))
+    tokens = rng.integers(low, min(low + int(rng.integers(5, 40)), 125) + 1, int(rng.integers(300, 500)))
+    work = calculate_workload(tokens)
+    cap, bound = 1000, packing_lower_bound(tokens, 1000)
+    packing = min(len(best_fit_decreasing_partitions(tokens, cap)), len(_reserving_fill_partitions(tokens, cap)))
+    assert chunks.chunk_count(len(tokens), ceildiv(int(tokens.sum()), cap)) > 1 and packing > bound
+    count, parts = smallest_feasible_partitions(tokens, work, cap)
+    assert count == len(parts) == bound
+    assert sorted(i for p in parts for i in p) == list(range(len(tokens))) and all(parts)
+    assert all(int(tokens[p].sum()) <= cap for p in parts)
+    monkeypatch.setattr(search, "WHOLE_TRY_ITEM_FRACTION", 10**9)  # no item is that small: no whole try
+    assert smallest_feasible_partitions(tokens, work, cap)[0] == packing

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_count, check_items_fit, exact_total
-from .balance import SMALL_COUNT, _balance_at
+from .balance import SLACK_ITEMS_PER_PART, SMALL_COUNT, _balance_at
 from .bounds import packing_lower_bound
 from .chunks import balanced_in_chunks, chunk_count, deal_chunks, in_chunk
 from .feasibility import _fit_in, _Try
@@ -47,6 +47,16 @@ LINEAR_TRIES = 3
 #: samples, the chunks' sum came to 12 parts above the packing after all 16 searches, half the
 #: plan's time).
 PROBE_CHUNKS = 2
+#: ... nor win by at least this many parts per chunk left (trades a win within the chunks'
+#: scatter, a part or two in all, against the searches left: on uniform lengths at cap 4096,
+#: 10^6 samples, 11 chunks searched for a projected win of one part, which the chunks then
+#: lost, a third of the plan's time; on real_gsm8k at cap 4096 they win by 32 parts and all
+#: are searched).
+PROBE_MARGIN = 0.5
+#: Where a chunked search's chunks lose to the whole input's packing by the seams alone, the
+#: whole input is tried once at its bound if no item exceeds this fraction of the cap
+#: (:func:`_seams_only`; trades one try, about half a plan, against the parts the seams cost).
+WHOLE_TRY_ITEM_FRACTION = 8
 
 
 def smallest_feasible_partitions(
@@ -145,6 +155,20 @@ def _count_search(
     k0 = allowed(ceildiv(exact_total(size), capacity))
     if k0 == 1 and n:  # everything fits in one part: the only partition into one part
         return 1, [list(range(n))], None
+    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
+    hint_failed = False
+    if hint is not None and k0 <= hint <= n:
+        # A chunk after the first probes where the chunks before it landed before it packs:
+        # where that works (the common case), the counts below are walked down to the bound
+        # and the chunk's own packings (two passes, a third of a chunk's search) are not needed.
+        low = max(k0, allowed(packing_lower_bound(size, capacity)))
+        if low <= hint:
+            orders = (_descending(work), _descending(size))
+            tried = _fit_in(size, work, capacity, hint, False, orders)
+            if tried.parts is not None:
+                return _walk_down(size, work, capacity, hint - step, low, step, set(), False, orders,
+                                  (hint, tried.parts, tried))
+            hint_failed = True
     packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
     packed = allowed(len(packing))
     if packed > k0:
@@ -155,8 +179,7 @@ def _count_search(
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing, packed = filled, allowed(len(filled))
-    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
-    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint)
+    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint, hint_failed)
     if count > n:
         return count, None, None
     return count, known, found_by
@@ -180,11 +203,13 @@ def _chunked_search(
     packing = _best_fit_decreasing(size, capacity)
     plain = ceildiv(exact_total(size), capacity)
     # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
-    at_bound = len(packing) <= plain or len(packing) <= packing_lower_bound(size, capacity)
+    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    at_bound = len(packing) <= lower
     if not at_bound:
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing = filled
+            at_bound = len(packing) <= lower
     dealt = deal_chunks(size, chunks)
     reported = [0]  # items reported to a progress watcher (seqbal.partition.progress)
     rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
@@ -193,8 +218,9 @@ def _chunked_search(
     for c, members in enumerate(dealt if not at_bound else []):
         if needed + sum(rest[c:]) >= len(packing):
             break
-        if c >= PROBE_CHUNKS and needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c >= len(packing):
-            break  # the chunks so far, each as far above its bound as they were, cannot win
+        if c >= PROBE_CHUNKS and (needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c
+                                  >= len(packing) - PROBE_MARGIN * (chunks - c)):
+            break  # the chunks so far, each as far above its bound as they were, cannot win by a margin
         # Past the first chunk, each probes first where the ones before it landed.
         hint_gap = None if not c else round((needed - sum(rest[:c])) / c)
         found.append(_count_search(size[members], work[members], capacity, 1, 1, hint_gap))
@@ -205,13 +231,25 @@ def _chunked_search(
     reported[0] += skipped
     advance(skipped)
 
+    whole: Optional[_Try] = None  # the whole input's try at its lower bound, where it worked
+    if (len(found) < chunks or needed >= len(packing)) and _seams_only(size, len(packing), lower, chunks, capacity):
+        tried = _fit_in(size, work, capacity, lower)
+        if tried.parts is not None:
+            whole = tried
+
     def balanced(tokens: np.ndarray, workloads: np.ndarray, k: int, known) -> list[list[int]]:
-        chunk_parts = _balance_at(tokens, workloads, capacity, k, known)
+        if k == len(tokens):  # one item per part: the only partition, nothing to balance
+            chunk_parts = [[i] for i in range(k)]
+        else:
+            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole)
         reported[0] += len(tokens) // 2
         advance(len(tokens) // 2)
         return chunk_parts
 
-    if len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
+    if whole is not None:  # the whole input's try, balanced chunk by chunk
+        count = lower
+        parts = balanced_in_chunks(size, work, whole.parts, chunks, balanced)
+    elif len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
         count = len(packing)
         parts = balanced_in_chunks(size, work, packing, chunks, balanced)
     else:  # each chunk's partition balanced at its own count
@@ -229,6 +267,22 @@ def _chunked_search(
     return target, parts
 
 
+def _seams_only(size: np.ndarray, packed: int, lower: int, chunks: int, capacity: int) -> bool:
+    """Whether a chunked search whose chunks do not beat the whole input's packing (``packed``
+    parts) tries the whole input once at its lower bound (one feasibility try, as a search's):
+    where the packing is within the seams' worth of the bound (at most one part per seam
+    above it) and the items are small and many per part (each at most ``1 /``
+    :data:`WHOLE_TRY_ITEM_FRACTION` of the cap, at least
+    :data:`seqbal.partition.balance.SLACK_ITEMS_PER_PART` per part on average). There the
+    chunks lose by their seams' rounding alone, and the try's swaps of small items fill the
+    parts to the last tokens: real_qwen_rollouts at cap 32768, 10^6 samples, lands on the
+    bound, 14,633 parts, against the reserving fill's 14,635 and the chunks' plain bounds'
+    14,663, for about half the plan's time. With large items the try's repair is long and
+    fails (lognormal at cap 32768: twice the plan's time, for nothing). O(1)."""
+    return (lower < packed <= lower + chunks - 1 and len(size) >= SLACK_ITEMS_PER_PART * lower
+            and WHOLE_TRY_ITEM_FRACTION * int(size.max()) <= capacity)
+
+
 def _search_count(
     size: np.ndarray,
     work: np.ndarray,
@@ -238,6 +292,7 @@ def _search_count(
     step: int,
     packing: list[list[int]],
     hint: Optional[int] = None,
+    hint_failed: bool = False,
 ) -> tuple[int, list[list[int]], Optional[_Try]]:
     """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
     with that partition (at most that many parts) and the try that made it at that count
@@ -247,7 +302,7 @@ def _search_count(
     above their bounds): probed first instead of the one-by-one counts and the one below the
     packing; where it works, the counts below it are tried downwards until one fails (two
     tries where the hint is right, against six to ten); where it fails, bisection goes on
-    above it as usual."""
+    above it as usual. ``hint_failed``: the hint's try was made already and failed."""
     if low >= packed:
         return low, packing, None
     # Decided once, so every count of this search gets the same try: small inputs get every start.
@@ -255,8 +310,8 @@ def _search_count(
     orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
     if hint is not None and low <= hint < packed:
-        tried = _fit_in(size, work, capacity, hint, thorough, orders)
-        if tried.parts is not None:
+        tried = None if hint_failed else _fit_in(size, work, capacity, hint, thorough, orders)
+        if tried is not None and tried.parts is not None:
             return _walk_down(size, work, capacity, hint - step, low, step, set(), thorough, orders,
                               (hint, tried.parts, tried))
         failed = hint
