@@ -28,6 +28,7 @@ from tests.invariants import assert_plan_invariants
 def small_chunks(monkeypatch):  # the same patch for every example: fine to share
     monkeypatch.setattr(chunks, "CHUNK_ITEMS", 48)
     monkeypatch.setattr(chunks, "MIN_PARTS_PER_CHUNK", 4)
+    monkeypatch.setattr(search, "WHOLE_TRY_ITEMS_PER_PART", 8)  # the whole input's try at a few hundred items
 
 
 @pytest.fixture
@@ -163,3 +164,25 @@ def test_whole_input_tried_at_its_bound_where_the_seams_alone_lose(small_chunks,
     assert all(int(tokens[p].sum()) <= cap for p in parts)
     monkeypatch.setattr(search, "WHOLE_TRY_ITEM_FRACTION", 10**9)  # no item is that small: no whole try
     assert smallest_feasible_partitions(tokens, work, cap)[0] == packing
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_off_during_a_search_and_back_as_it_was(monkeypatch, enabled):
+    import gc
+
+    seen = []
+    packer = search._best_fit_decreasing
+    monkeypatch.setattr(search, "_best_fit_decreasing", lambda *a: seen.append(gc.isenabled()) or packer(*a))
+    tokens = _lengths(300, 1000, 3, "uniform")
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
+        assert gc.isenabled() == enabled
+        monkeypatch.setattr(search, "_best_fit_decreasing", lambda *a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):  # an error inside leaves it as it was too
+            smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
+        assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and not any(seen)
