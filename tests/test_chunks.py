@@ -186,3 +186,26 @@ def test_the_collector_is_off_during_a_search_and_back_as_it_was(monkeypatch, en
     finally:
         (gc.enable if was else gc.disable)()
     assert seen and not any(seen)
+
+
+def test_chunks_that_only_repack_stop_after_the_probes(small_chunks, monkeypatch):
+    """Where every chunk searched so far landed on its own packing above its bound (no try
+    found fewer parts), the rest are not searched: they would only re-pack, and the whole
+    input's packing has no seams. Each chunk's search is replaced by its own reserving fill
+    here, and the whole input is packed by best-fit decreasing alone, which near a third of
+    the cap needs more parts: by the chunks' trend they would win, and are still stopped."""
+    calls = []
+    whole_packing = best_fit_decreasing_partitions
+    monkeypatch.setattr(search, "_reserving_fill_partitions", lambda tokens, cap: whole_packing(tokens, cap))
+
+    def own_packing(tokens, work, cap, min_count, step, hint_gap=None):
+        calls.append(len(tokens))
+        packing = _reserving_fill_partitions(tokens, cap)
+        return len(packing), packing, None
+
+    monkeypatch.setattr(search, "_count_search", own_packing)
+    tokens = _lengths(600, 1000, 0, "third")
+    count, parts = smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
+    assert len(calls) == search.PROBE_CHUNKS
+    assert count == len(parts) == len(whole_packing(tokens, 1000))
+    assert sorted(i for p in parts for i in p) == list(range(600)) and all(int(tokens[p].sum()) <= 1000 for p in parts)
