@@ -209,3 +209,23 @@ def test_chunks_that_only_repack_stop_after_the_probes(small_chunks, monkeypatch
     assert len(calls) == search.PROBE_CHUNKS
     assert count == len(parts) == len(whole_packing(tokens, 1000))
     assert sorted(i for p in parts for i in p) == list(range(600)) and all(int(tokens[p].sum()) <= 1000 for p in parts)
+
+
+@pytest.mark.parametrize("shape", ["uniform", "small", "third", "tiny"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_chunks_past_the_thorough_size_probe_their_hint_before_they_pack(monkeypatch, shape, seed):
+    """Chunks of more than search.THOROUGH_ITEMS items try their hint before their own
+    packings (skipped where it works): the plan keeps every guarantee and stays within a
+    packing of the whole input."""
+    monkeypatch.setattr(chunks, "CHUNK_ITEMS", 300)
+    monkeypatch.setattr(chunks, "MIN_PARTS_PER_CHUNK", 4)
+    hints = []
+    search_count = search._count_search
+    monkeypatch.setattr(search, "_count_search", lambda *a: hints.append(a[-1]) or search_count(*a))
+    lengths = _lengths(1200, 4096, seed, shape)
+    parts = plan_micro_batches(lengths, 4096)
+    assert_plan_invariants(lengths, parts, 4096)
+    assert len(hints) <= 4 and (len(hints) < 2 or hints[1] is not None)  # chunks after the first have a hint
+    packing = min(len(best_fit_decreasing_partitions(lengths, 4096)), len(_reserving_fill_partitions(lengths, 4096)))
+    assert len(parts) <= packing
+    assert plan_micro_batches(lengths, 4096) == parts

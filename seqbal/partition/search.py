@@ -184,10 +184,11 @@ def _count_search(
         return 1, [list(range(n))], None
     hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
     hint_failed = False
-    if hint is not None and k0 <= hint <= n:
+    if hint is not None and k0 <= hint <= n and n > THOROUGH_ITEMS:
         # A chunk after the first probes where the chunks before it landed before it packs:
         # where that works (the common case), the counts below are walked down to the bound
         # and the chunk's own packings (two passes, a third of a chunk's search) are not needed.
+        # Not on a few items, whose tries are thorough where the packing needs few parts.
         low = max(k0, allowed(packing_lower_bound(size, capacity)))
         if low <= hint:
             orders = (_descending(work), _descending(size))
