@@ -64,6 +64,11 @@ PROBE_MARGIN = 0.5
 WHOLE_TRY_ITEM_FRACTION = 8
 #: ... and where parts hold at least this many items on average (see :func:`_seams_only`).
 WHOLE_TRY_ITEMS_PER_PART = 64
+#: A chunked search packs the whole input with the reserving fill first, before best-fit
+#: decreasing, where parts hold at least this many items on average (see
+#: :func:`_whole_packing`; trades a second pass where the fill misses the bound against the
+#: pass best-fit decreasing costs where only the fill meets it).
+FILL_FIRST_ITEMS_PER_PART = 64
 
 
 def smallest_feasible_partitions(
@@ -228,16 +233,8 @@ def _chunked_search(
     # A packing of the whole input has no seams; the chunks are searched one after another
     # only while they can still need fewer parts than it (the parts they found so far plus
     # the plain bounds of the rest), so where the packing wins most searches are skipped.
-    packing = _best_fit_decreasing(size, capacity)
-    plain = ceildiv(exact_total(size), capacity)
-    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
-    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    packing, lower = _whole_packing(size, capacity)
     at_bound = len(packing) <= lower
-    if not at_bound:
-        filled = _reserving_fill_partitions(size, capacity)
-        if len(filled) < len(packing):
-            packing = filled
-            at_bound = len(packing) <= lower
     dealt = deal_chunks(size, chunks)
     reported = [0]  # items reported to a progress watcher (seqbal.partition.progress)
     rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
@@ -295,6 +292,30 @@ def _chunked_search(
     if target > count:
         parts = rebalance_within_capacity(split_bins_to_count(parts, size, target, weights=work), size, work, capacity)
     return target, parts
+
+
+def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], int]:
+    """The better of best-fit decreasing and the reserving fill on the whole input (best-fit
+    decreasing where they tie), and the lower bound (``ceildiv(total, cap)``, the stronger
+    :func:`packing_lower_bound` only where the first packing is above it). The second packing
+    is skipped where the first meets the bound: at bound nothing needs fewer parts. Best-fit
+    decreasing goes first, the reserving fill where parts hold at least
+    :data:`FILL_FIRST_ITEMS_PER_PART` items on average: there best-fit decreasing misses the
+    bound by a part or two where the fill meets it (10^6 samples at cap 32768: pareto
+    13,225 against 13,223, real_codealpaca 3,365 against 3,364, real_gsm8k 5,726 against
+    5,724), and meets it only where the fill does too. O(n log n)."""
+    plain = ceildiv(exact_total(size), capacity)
+    fill_first = len(size) >= FILL_FIRST_ITEMS_PER_PART * plain
+    first, second = ((_reserving_fill_partitions, _best_fit_decreasing) if fill_first
+                     else (_best_fit_decreasing, _reserving_fill_partitions))
+    packing = first(size, capacity)
+    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
+    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    if len(packing) > lower:
+        other = second(size, capacity)
+        if len(other) < len(packing) or (fill_first and len(other) == len(packing)):
+            packing = other
+    return packing, lower
 
 
 def _seams_only(size: np.ndarray, packed: int, lower: int, chunks: int, capacity: int) -> bool:
