@@ -232,19 +232,17 @@ def test_chunks_past_the_thorough_size_probe_their_hint_before_they_pack(monkeyp
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_many_items_per_part_fill_first_and_skip_best_fit_at_the_bound(small_chunks, monkeypatch, seed):
+def test_many_items_per_part_are_packed_by_the_fill_alone(small_chunks, monkeypatch, seed):
     """Where parts hold many items (search.FILL_FIRST_ITEMS_PER_PART, lowered here), the whole
-    input is packed by the reserving fill first; where that meets the bound, best-fit
-    decreasing is not run, and the count is still at most either packing's."""
+    input is packed by the reserving fill alone, never by best-fit decreasing, and the count
+    is at most the fill's."""
     monkeypatch.setattr(search, "FILL_FIRST_ITEMS_PER_PART", 8)
     packed = []
     packer = search._best_fit_decreasing
     monkeypatch.setattr(search, "_best_fit_decreasing", lambda *a: packed.append(len(a[0])) or packer(*a))
     tokens = _lengths(400, 1000, seed, "tiny")
-    fill = len(_reserving_fill_partitions(tokens, 1000))
     count, parts = smallest_feasible_partitions(tokens, calculate_workload(tokens), 1000)
-    assert count == len(parts) <= min(fill, len(best_fit_decreasing_partitions(tokens, 1000)))
+    assert count == len(parts) <= len(_reserving_fill_partitions(tokens, 1000))
     assert all(int(tokens[p].sum()) <= 1000 for p in parts)
     assert sorted(i for p in parts for i in p) == list(range(400))
-    if fill == ceildiv(int(tokens.sum()), 1000):
-        assert 400 not in packed  # the whole input was not packed by best-fit decreasing
+    assert 400 not in packed  # the whole input was not packed by best-fit decreasing
