@@ -233,10 +233,10 @@ def test_chunks_past_the_thorough_size_probe_their_hint_before_they_pack(monkeyp
 
 @pytest.mark.parametrize("seed", range(6))
 def test_many_items_per_part_are_packed_by_the_fill_alone(small_chunks, monkeypatch, seed):
-    """Where parts hold many items (search.FILL_FIRST_ITEMS_PER_PART, lowered here), the whole
+    """Where parts hold many items (search.FILL_ALONE_ITEMS_PER_PART, lowered here), the whole
     input is packed by the reserving fill alone, never by best-fit decreasing, and the count
     is at most the fill's."""
-    monkeypatch.setattr(search, "FILL_FIRST_ITEMS_PER_PART", 8)
+    monkeypatch.setattr(search, "FILL_ALONE_ITEMS_PER_PART", 8)
     packed = []
     packer = search._best_fit_decreasing
     monkeypatch.setattr(search, "_best_fit_decreasing", lambda *a: packed.append(len(a[0])) or packer(*a))

@@ -12,6 +12,10 @@ The range a search bisects and the repairs of its failing tries both grow with `
 from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 65,536 items) the
 search runs on chunks instead, against one packing of the whole input
 (:func:`_chunked_search`; why and what the seams cost: :mod:`seqbal.partition.chunks`).
+
+A search runs with Python's cyclic garbage collector paused (:func:`_collector_paused`): it
+builds millions of small lists, none in a cycle, and every full collection walks all of them,
+a cost per item that grows with the input (on its own 1.4x per sample from 65,536 to 10^6).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ WHOLE_TRY_ITEMS_PER_PART = 64
 #: decreasing, where parts hold at least this many items on average (see
 #: :func:`_whole_packing`; trades the part best-fit decreasing might save on other data, which
 #: it never did on the grid, against its pass).
-FILL_FIRST_ITEMS_PER_PART = 64
+FILL_ALONE_ITEMS_PER_PART = 64
 
 
 def smallest_feasible_partitions(
@@ -139,8 +143,8 @@ def _collector_paused() -> Iterator[None]:
     A search builds millions of small lists (parts, packings, heaps), none of them in a
     reference cycle, while the input's own lists stay alive; every full collection walks all
     of them, so its cost per item grows with ``n``: with the collector on, a plan of 10^6
-    adv_half_cap samples cost 1.4x per sample what 65,536 did, with it off 1.15x (and both
-    25% less). Nothing the search makes needs the collector: reference counting frees it.
+    adv_half_cap samples cost 1.4x per sample what 65,536 did, with it off 1.15x (and 23%
+    and 37% less). Nothing the search makes needs the collector: reference counting frees it.
     Another thread's collections wait until the search ends. O(1)."""
     enabled = gc.isenabled()
     gc.disable()
@@ -222,12 +226,15 @@ def _chunked_search(
     size: np.ndarray, work: np.ndarray, capacity: int, chunks: int, min_count: int, step: int
 ) -> tuple[int, Optional[list[list[int]]]]:
     """The count search on :func:`seqbal.partition.chunks.deal_chunks`'s chunks against a
-    packing of the whole input (the better of best-fit decreasing and the reserving fill):
-    the chunks are searched in turn (each its own search at ``min_count = step = 1``, probing
-    first at its bound plus the mean gap of the chunks before it) while they can still need
-    fewer parts than the packing; if all of them were searched and need fewer, each is
-    balanced at its own count and their parts put side by side, else the packing is the
-    answer, balanced chunk by chunk (:func:`seqbal.partition.chunks.balanced_in_chunks`).
+    packing of the whole input (:func:`_whole_packing`): where the packing is above the
+    bound, the chunks are searched in turn (each its own search at ``min_count = step = 1``,
+    probing first at its bound plus the mean gap of the chunks before it) while they can
+    still need fewer parts than the packing, by a margin, and, past :data:`PROBE_CHUNKS`,
+    while some chunk's try beat its own packing; if all of them were searched and need fewer,
+    each is balanced at its own count and their parts put side by side; else, where only the
+    seams lose (:func:`_seams_only`), the whole input is tried once at its bound; that try's
+    partition where it works, else the packing, is the answer, balanced chunk by chunk
+    (:func:`seqbal.partition.chunks.balanced_in_chunks`).
     A count below ``min_count`` or not a multiple of ``step`` is then raised by splitting the
     heaviest parts (:func:`split_bins_to_count`, never breaks the cap) and rebalancing."""
     # A packing of the whole input has no seams; the chunks are searched one after another
@@ -298,7 +305,7 @@ def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], in
     """A packing of the whole input and its lower bound (``ceildiv(total, cap)``, the stronger
     :func:`packing_lower_bound` only where the packing is above it).
 
-    Where parts hold at least :data:`FILL_FIRST_ITEMS_PER_PART` items on average, the
+    Where parts hold at least :data:`FILL_ALONE_ITEMS_PER_PART` items on average, the
     reserving fill alone: there best-fit decreasing misses the bound by a part or two where
     the fill meets it, and never packed fewer parts on the benchmark grid (10^6 samples at
     cap 32768: pareto 13,225 against 13,223, real_codealpaca 3,365 against 3,364, real_gsm8k
@@ -307,13 +314,13 @@ def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], in
     best-fit decreasing where they tie, the fill only where best-fit decreasing is above the
     bound (at bound nothing needs fewer parts). O(n log n)."""
     plain = ceildiv(exact_total(size), capacity)
-    if len(size) >= FILL_FIRST_ITEMS_PER_PART * plain:
+    if len(size) >= FILL_ALONE_ITEMS_PER_PART * plain:
         packing = _reserving_fill_partitions(size, capacity)
     else:
         packing = _best_fit_decreasing(size, capacity)
     # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
     lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
-    if len(packing) > lower and len(size) < FILL_FIRST_ITEMS_PER_PART * plain:
+    if len(packing) > lower and len(size) < FILL_ALONE_ITEMS_PER_PART * plain:
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing = filled
@@ -331,7 +338,7 @@ def _seams_only(size: np.ndarray, packed: int, lower: int, chunks: int, capacity
     10^6 samples (68 per part, each under a tenth of the cap), lands on the bound, 14,633
     parts, against the reserving fill's 14,635 and the chunks' plain bounds' 14,663, for
     about half the plan's time. With fewer or larger items the try's repair is long and
-    fails: lognormal at cap 32768 (26 per part, up to the cap) cost twice the plan's time,
+    fails: lognormal at cap 32768 (26 per part, up to the cap) cost 1.5 times the plan's time,
     real_codealpaca at cap 4096 (37 per part, under a tenth) 1.5 times, for nothing. O(1)."""
     return (lower < packed <= lower + chunks - 1 and len(size) >= WHOLE_TRY_ITEMS_PER_PART * lower
             and WHOLE_TRY_ITEM_FRACTION * int(size.max()) <= capacity)
