@@ -23,7 +23,8 @@ the dealing and each chunk's search are deterministic, so the result is too.
 
 from __future__ import annotations
 
-from typing import Callable
+from itertools import chain
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -70,9 +71,26 @@ def deal_chunks(size: np.ndarray, chunks: int) -> list[np.ndarray]:
 
 
 def in_chunk(members: np.ndarray, parts: list[list[int]]) -> list[list[int]]:
-    """A chunk's parts (indices into the chunk) as indices into the whole input. O(items)."""
-    member_list = members.tolist()
-    return [[member_list[i] for i in part] for part in parts]
+    """A chunk's parts (indices into the chunk) as indices into the whole input, in one NumPy
+    gather (not a Python step per item). O(items)."""
+    flat, starts = _flat(parts)
+    return _cut(members[flat].tolist(), starts)
+
+
+def _flat(parts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts' indices one after another, and where each part starts (one more entry: the
+    end). O(items)."""
+    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    starts = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    flat = np.fromiter(chain.from_iterable(parts), dtype=np.int64, count=int(starts[-1]))
+    return flat, starts
+
+
+def _cut(values: list[int], starts: np.ndarray) -> list[list[int]]:
+    """``values`` cut into lists at ``starts`` (as :func:`_flat` gives them). O(items)."""
+    bounds = starts.tolist()
+    return [values[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 Balance = Callable[[np.ndarray, np.ndarray, int, "list[list[int]]"], "list[list[int]]"]
@@ -86,14 +104,17 @@ def balanced_in_chunks(
     chunk's items balanced into as many parts as it has bins by ``balance(tokens, workloads,
     k, feasible)``, given those bins as the known partition. The count is ``len(bins)``.
     O(n) beyond the balances."""
-    bin_work = np.fromiter((int(work[b].sum()) for b in bins), dtype=np.int64, count=len(bins))
+    flat, starts = _flat(bins)
+    bin_work = np.add.reduceat(work[flat], starts[:-1]) if len(bins) else np.zeros(0, dtype=np.int64)
+    lengths = np.diff(starts)
     parts: list[list[int]] = []
     for chosen in deal_chunks(bin_work, chunks):
-        members = [item for b in chosen.tolist() for item in bins[b]]
-        local, start = [], 0
-        for b in chosen.tolist():
-            local.append(list(range(start, start + len(bins[b]))))
-            start += len(bins[b])
-        index = np.asarray(members, dtype=np.int64)
+        # The chosen bins' items one after another, gathered in NumPy (bins are non-empty).
+        chosen_lengths = lengths[chosen]
+        local_starts = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(chosen_lengths, out=local_starts[1:])
+        offsets = np.repeat(starts[chosen] - local_starts[:-1], chosen_lengths)
+        index = flat[offsets + np.arange(int(local_starts[-1]))]
+        local = _cut(list(range(len(index))), local_starts)
         parts.extend(in_chunk(index, balance(size[index], work[index], len(local), local)))
     return parts

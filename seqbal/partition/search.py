@@ -12,11 +12,17 @@ The range a search bisects and the repairs of its failing tries both grow with `
 from three chunks of :data:`seqbal.partition.chunks.CHUNK_ITEMS` on (past 65,536 items) the
 search runs on chunks instead, against one packing of the whole input
 (:func:`_chunked_search`; why and what the seams cost: :mod:`seqbal.partition.chunks`).
+
+A search runs with Python's cyclic garbage collector paused (:func:`_collector_paused`): it
+builds millions of small lists, none in a cycle, and every full collection walks all of them,
+a cost per item that grows with the input (on its own 1.4x per sample from 65,536 to 10^6).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import gc
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -45,8 +51,28 @@ LINEAR_TRIES = 3
 #: as many parts as a packing of the whole input (trades a count the last chunks might still
 #: win by a part or two against their searches: on lognormal lengths at cap 4096, 10^6
 #: samples, the chunks' sum came to 12 parts above the packing after all 16 searches, half the
-#: plan's time).
+#: plan's time). It also stops there where every chunk so far landed on its own packing,
+#: above its bound (no try found fewer parts): the chunks then only re-pack, which the whole
+#: input's packing does without seams (near a third of the cap, 10^6 samples at cap 4096: 25
+#: of the 31 chunks were searched, 60% of the plan's time, and lost to the packing).
 PROBE_CHUNKS = 2
+#: ... nor win by at least this many parts per chunk left (trades a win within the chunks'
+#: scatter, a part or two in all, against the searches left: on uniform lengths at cap 4096,
+#: 10^6 samples, 11 chunks searched for a projected win of one part, which the chunks then
+#: lost, a third of the plan's time; on real_gsm8k at cap 4096 they win by 32 parts and all
+#: are searched).
+PROBE_MARGIN = 0.5
+#: Where a chunked search's chunks lose to the whole input's packing by the seams alone, the
+#: whole input is tried once at its bound if no item exceeds this fraction of the cap
+#: (:func:`_seams_only`; trades one try, about half a plan, against the parts the seams cost).
+WHOLE_TRY_ITEM_FRACTION = 8
+#: ... and where parts hold at least this many items on average (see :func:`_seams_only`).
+WHOLE_TRY_ITEMS_PER_PART = 64
+#: A chunked search packs the whole input with the reserving fill alone, without best-fit
+#: decreasing, where parts hold at least this many items on average (see
+#: :func:`_whole_packing`; trades the part best-fit decreasing might save on other data, which
+#: it never did on the grid, against its pass).
+FILL_ALONE_ITEMS_PER_PART = 64
 
 
 def smallest_feasible_partitions(
@@ -102,11 +128,31 @@ def smallest_feasible_partitions(
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
     chunks = chunk_count(len(size), ceildiv(exact_total(size), capacity))
-    if chunks > 1:
-        return _chunked_search(size, work, capacity, chunks, min_count, step)
-    found = _one_search(size, work, capacity, min_count, step)
+    with _collector_paused():
+        if chunks > 1:
+            return _chunked_search(size, work, capacity, chunks, min_count, step)
+        found = _one_search(size, work, capacity, min_count, step)
     advance(len(size))
     return found
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the search, back as it was after.
+
+    A search builds millions of small lists (parts, packings, heaps), none of them in a
+    reference cycle, while the input's own lists stay alive; every full collection walks all
+    of them, so its cost per item grows with ``n``: with the collector on, a plan of 10^6
+    adv_half_cap samples cost 1.4x per sample what 65,536 did, with it off 1.15x (and 23%
+    and 37% less). Nothing the search makes needs the collector: reference counting frees it.
+    Another thread's collections wait until the search ends. O(1)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _one_search(
@@ -145,6 +191,21 @@ def _count_search(
     k0 = allowed(ceildiv(exact_total(size), capacity))
     if k0 == 1 and n:  # everything fits in one part: the only partition into one part
         return 1, [list(range(n))], None
+    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
+    hint_failed = False
+    if hint is not None and k0 <= hint <= n and n > THOROUGH_ITEMS:
+        # A chunk after the first probes where the chunks before it landed before it packs:
+        # where that works (the common case), the counts below are walked down to the bound
+        # and the chunk's own packings (two passes, a third of a chunk's search) are not needed.
+        # Not on a few items, whose tries are thorough where the packing needs few parts.
+        low = max(k0, allowed(packing_lower_bound(size, capacity)))
+        if low <= hint:
+            orders = (_descending(work), _descending(size))
+            tried = _fit_in(size, work, capacity, hint, False, orders)
+            if tried.parts is not None:
+                return _walk_down(size, work, capacity, hint - step, low, step, set(), False, orders,
+                                  (hint, tried.parts, tried))
+            hint_failed = True
     packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
     packed = allowed(len(packing))
     if packed > k0:
@@ -155,8 +216,7 @@ def _count_search(
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
             packing, packed = filled, allowed(len(filled))
-    hint = None if hint_gap is None else allowed(ceildiv(exact_total(size), capacity) + hint_gap)
-    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint)
+    count, known, found_by = _search_count(size, work, capacity, k0, packed, step, packing, hint, hint_failed)
     if count > n:
         return count, None, None
     return count, known, found_by
@@ -166,25 +226,22 @@ def _chunked_search(
     size: np.ndarray, work: np.ndarray, capacity: int, chunks: int, min_count: int, step: int
 ) -> tuple[int, Optional[list[list[int]]]]:
     """The count search on :func:`seqbal.partition.chunks.deal_chunks`'s chunks against a
-    packing of the whole input (the better of best-fit decreasing and the reserving fill):
-    the chunks are searched in turn (each its own search at ``min_count = step = 1``, probing
-    first at its bound plus the mean gap of the chunks before it) while they can still need
-    fewer parts than the packing; if all of them were searched and need fewer, each is
-    balanced at its own count and their parts put side by side, else the packing is the
-    answer, balanced chunk by chunk (:func:`seqbal.partition.chunks.balanced_in_chunks`).
+    packing of the whole input (:func:`_whole_packing`): where the packing is above the
+    bound, the chunks are searched in turn (each its own search at ``min_count = step = 1``,
+    probing first at its bound plus the mean gap of the chunks before it) while they can
+    still need fewer parts than the packing, by a margin, and, past :data:`PROBE_CHUNKS`,
+    while some chunk's try beat its own packing; if all of them were searched and need fewer,
+    each is balanced at its own count and their parts put side by side; else, where only the
+    seams lose (:func:`_seams_only`), the whole input is tried once at its bound; that try's
+    partition where it works, else the packing, is the answer, balanced chunk by chunk
+    (:func:`seqbal.partition.chunks.balanced_in_chunks`).
     A count below ``min_count`` or not a multiple of ``step`` is then raised by splitting the
     heaviest parts (:func:`split_bins_to_count`, never breaks the cap) and rebalancing."""
     # A packing of the whole input has no seams; the chunks are searched one after another
     # only while they can still need fewer parts than it (the parts they found so far plus
     # the plain bounds of the rest), so where the packing wins most searches are skipped.
-    packing = _best_fit_decreasing(size, capacity)
-    plain = ceildiv(exact_total(size), capacity)
-    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
-    at_bound = len(packing) <= plain or len(packing) <= packing_lower_bound(size, capacity)
-    if not at_bound:
-        filled = _reserving_fill_partitions(size, capacity)
-        if len(filled) < len(packing):
-            packing = filled
+    packing, lower = _whole_packing(size, capacity)
+    at_bound = len(packing) <= lower
     dealt = deal_chunks(size, chunks)
     reported = [0]  # items reported to a progress watcher (seqbal.partition.progress)
     rest = [ceildiv(exact_total(size[members]), capacity) for members in dealt]
@@ -193,8 +250,11 @@ def _chunked_search(
     for c, members in enumerate(dealt if not at_bound else []):
         if needed + sum(rest[c:]) >= len(packing):
             break
-        if c >= PROBE_CHUNKS and needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c >= len(packing):
-            break  # the chunks so far, each as far above its bound as they were, cannot win
+        if c >= PROBE_CHUNKS and (needed + sum(rest[c:]) + (needed - sum(rest[:c])) * (chunks - c) / c
+                                  >= len(packing) - PROBE_MARGIN * (chunks - c)):
+            break  # the chunks so far, each as far above its bound as they were, cannot win by a margin
+        if c >= PROBE_CHUNKS and all(by is None and k > bound for (k, _, by), bound in zip(found, rest)):
+            break  # no try beat a chunk's own packing, above its bound: the chunks only re-pack
         # Past the first chunk, each probes first where the ones before it landed.
         hint_gap = None if not c else round((needed - sum(rest[:c])) / c)
         found.append(_count_search(size[members], work[members], capacity, 1, 1, hint_gap))
@@ -205,13 +265,25 @@ def _chunked_search(
     reported[0] += skipped
     advance(skipped)
 
+    whole: Optional[_Try] = None  # the whole input's try at its lower bound, where it worked
+    if (len(found) < chunks or needed >= len(packing)) and _seams_only(size, len(packing), lower, chunks, capacity):
+        tried = _fit_in(size, work, capacity, lower)
+        if tried.parts is not None:
+            whole = tried
+
     def balanced(tokens: np.ndarray, workloads: np.ndarray, k: int, known) -> list[list[int]]:
-        chunk_parts = _balance_at(tokens, workloads, capacity, k, known)
+        if k == len(tokens):  # one item per part: the only partition, nothing to balance
+            chunk_parts = [[i] for i in range(k)]
+        else:
+            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole)
         reported[0] += len(tokens) // 2
         advance(len(tokens) // 2)
         return chunk_parts
 
-    if len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
+    if whole is not None:  # the whole input's try, balanced chunk by chunk
+        count = lower
+        parts = balanced_in_chunks(size, work, whole.parts, chunks, balanced)
+    elif len(found) < chunks or needed >= len(packing):  # the packing, balanced chunk by chunk
         count = len(packing)
         parts = balanced_in_chunks(size, work, packing, chunks, balanced)
     else:  # each chunk's partition balanced at its own count
@@ -229,6 +301,49 @@ def _chunked_search(
     return target, parts
 
 
+def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], int]:
+    """A packing of the whole input and its lower bound (``ceildiv(total, cap)``, the stronger
+    :func:`packing_lower_bound` only where the packing is above it).
+
+    Where parts hold at least :data:`FILL_ALONE_ITEMS_PER_PART` items on average, the
+    reserving fill alone: there best-fit decreasing misses the bound by a part or two where
+    the fill meets it, and never packed fewer parts on the benchmark grid (10^6 samples at
+    cap 32768: pareto 13,225 against 13,223, real_codealpaca 3,365 against 3,364, real_gsm8k
+    5,726 against 5,724, real_qwen_rollouts 14,651 against 14,635; equal on real_math and
+    real_alpaca_eval). Elsewhere the better of best-fit decreasing and the reserving fill,
+    best-fit decreasing where they tie, the fill only where best-fit decreasing is above the
+    bound (at bound nothing needs fewer parts). O(n log n)."""
+    plain = ceildiv(exact_total(size), capacity)
+    if len(size) >= FILL_ALONE_ITEMS_PER_PART * plain:
+        packing = _reserving_fill_partitions(size, capacity)
+    else:
+        packing = _best_fit_decreasing(size, capacity)
+    # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
+    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    if len(packing) > lower and len(size) < FILL_ALONE_ITEMS_PER_PART * plain:
+        filled = _reserving_fill_partitions(size, capacity)
+        if len(filled) < len(packing):
+            packing = filled
+    return packing, lower
+
+
+def _seams_only(size: np.ndarray, packed: int, lower: int, chunks: int, capacity: int) -> bool:
+    """Whether a chunked search whose chunks do not beat the whole input's packing (``packed``
+    parts) tries the whole input once at its lower bound (one feasibility try, as a search's):
+    where the packing is within the seams' worth of the bound (at most one part per seam
+    above it) and the items are small and many per part (each at most ``1 /``
+    :data:`WHOLE_TRY_ITEM_FRACTION` of the cap, at least :data:`WHOLE_TRY_ITEMS_PER_PART` per
+    part on average). There the chunks lose by their seams' rounding alone, and the try's
+    swaps of small items fill the parts to the last tokens: real_qwen_rollouts at cap 32768,
+    10^6 samples (68 per part, each under a tenth of the cap), lands on the bound, 14,633
+    parts, against the reserving fill's 14,635 and the chunks' plain bounds' 14,663, for
+    about half the plan's time. With fewer or larger items the try's repair is long and
+    fails: lognormal at cap 32768 (26 per part, up to the cap) cost 1.5 times the plan's time,
+    real_codealpaca at cap 4096 (37 per part, under a tenth) 1.5 times, for nothing. O(1)."""
+    return (lower < packed <= lower + chunks - 1 and len(size) >= WHOLE_TRY_ITEMS_PER_PART * lower
+            and WHOLE_TRY_ITEM_FRACTION * int(size.max()) <= capacity)
+
+
 def _search_count(
     size: np.ndarray,
     work: np.ndarray,
@@ -238,6 +353,7 @@ def _search_count(
     step: int,
     packing: list[list[int]],
     hint: Optional[int] = None,
+    hint_failed: bool = False,
 ) -> tuple[int, list[list[int]], Optional[_Try]]:
     """Smallest count in ``[low, packed]`` (multiples of ``step``) where a partition is known,
     with that partition (at most that many parts) and the try that made it at that count
@@ -247,7 +363,7 @@ def _search_count(
     above their bounds): probed first instead of the one-by-one counts and the one below the
     packing; where it works, the counts below it are tried downwards until one fails (two
     tries where the hint is right, against six to ten); where it fails, bisection goes on
-    above it as usual."""
+    above it as usual. ``hint_failed``: the hint's try was made already and failed."""
     if low >= packed:
         return low, packing, None
     # Decided once, so every count of this search gets the same try: small inputs get every start.
@@ -255,8 +371,8 @@ def _search_count(
     orders = (_descending(work), _descending(size))  # the same for every try
     failed, found, known, found_by = low - step, packed, packing, None  # the largest count known to fail; the smallest known to work
     if hint is not None and low <= hint < packed:
-        tried = _fit_in(size, work, capacity, hint, thorough, orders)
-        if tried.parts is not None:
+        tried = None if hint_failed else _fit_in(size, work, capacity, hint, thorough, orders)
+        if tried is not None and tried.parts is not None:
             return _walk_down(size, work, capacity, hint - step, low, step, set(), thorough, orders,
                               (hint, tried.parts, tried))
         failed = hint
