@@ -172,6 +172,14 @@ def test_sample_cap_reaches_the_planner_and_the_report(route):
                          "argument --max-samples-per-micro-batch: must be an integer from 1")
 
 
+def test_the_comparison_says_verl_has_no_sample_cap():
+    """verl's count plans tokens alone: under --max-samples-per-micro-batch the report says so
+    beside the counts, and says nothing of it without the flag."""
+    capped = call("plan", "--max-token-len", "8192", "--max-samples-per-micro-batch", "8").stdout
+    assert "has no cap on samples per micro-batch" in capped and "max_samples_per_micro_batch=8" in capped
+    assert "no cap on samples" not in call("plan", "--max-token-len", "8192").stdout
+
+
 def test_seed_shuffles_whole_groups():
     from seqbal.cli import split_over_ranks
 

@@ -304,6 +304,9 @@ def format_report(report: dict[str, Any]) -> str:
         else:
             lines.append(f"{name} runs {total_ours - total_old} fewer micro-batches in total on this input "
                          f"({total_old} vs {total_ours}).")
+        if settings.get("max_samples_per_micro_batch") is not None:  # verl's counts answer another question
+            lines.append(f"{name} has no cap on samples per micro-batch: its count plans tokens alone, "
+                         f"seqbal's also keeps max_samples_per_micro_batch={settings['max_samples_per_micro_batch']}.")
         over = sum(r["over_cap"] for r in strict["ranks"])
         if over:  # verl plans effective tokens: under another cost its micro-batches can exceed the cap
             lines.append(f"but {over} of {name}'s micro-batches exceed max_token_len on the "
