@@ -100,8 +100,11 @@ def _balance_at(
     k: int,
     feasible: Optional[Sequence[Sequence[int]]],
     found_by: Optional["_Try"] = None,
+    polish: float = CHUNKED_KK_POLISH,
 ) -> Optional[list[list[int]]]:
-    """The body of :func:`capped_balanced_partitions` on validated arrays. ``found_by`` is the
+    """The body of :func:`capped_balanced_partitions` on validated arrays. ``polish``: where the
+    chunked KK fits the cap, how close to the bound its rebalance goes (see
+    :data:`CHUNKED_KK_POLISH`; a dataset's chunks pass the rebalance's own 0.1%). ``found_by`` is the
     count search's try that made ``feasible`` at exactly ``k`` parts, if one did. When that try
     started from a workload balance (LPT), its partition replaces, on inputs of
     :data:`CHUNKED_KK_MIN_ITEMS` items or more, the repair of the balanced KK where the KK
@@ -118,7 +121,7 @@ def _balance_at(
         if parts is not None and _within(parts, size, capacity):
             if n < CHUNKED_KK_MIN_ITEMS:
                 return parts  # item-level KK
-            return _rebalance(parts, size, work, capacity, close_enough=CHUNKED_KK_POLISH)
+            return _rebalance(parts, size, work, capacity, close_enough=polish)
         # The rebalance below copies the parts, so the search's partition is handed on as it is.
         candidate = balanced_start if reuse else _repair(parts, size, capacity, None)[0] or balanced_start
     if candidate is None:
