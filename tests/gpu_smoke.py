@@ -201,9 +201,14 @@ def main(argv: list[str]) -> int:
         problems = check()
         failed |= bool(problems)
         print(f"rank {rank}/{world}: {'FAIL' if problems else 'PASS'} {name}" + "".join(f"\n  {p}" for p in problems))
-    torch.distributed.destroy_process_group()
+    # No destroy_process_group and no interpreter teardown (see __main__): gloo's threads have
+    # aborted a rank that had printed PASS ("terminate called without an active exception",
+    # exit -6, torch 2.10 in CI's AReaL environment), as in the loss and distributed workers.
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
