@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import time
 
 import pytest
 import torch.distributed as dist
