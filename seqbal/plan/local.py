@@ -84,24 +84,18 @@ class _LocalPlan:
 
     def _sample_capped_at(self, count: int, candidate: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
         """``candidate`` (a partition into ``count`` parts within the cost cap) made to meet the
-        sample cap at the same count (``seqbal.partition.sample_cap``); where it cannot, this
-        rank's own partition (both caps, ``self.count`` parts) split up to ``count``, which
-        keeps both caps: why any count from this rank's up to its groups can be agreed."""
+        sample cap at the same count, else a count-weighted balance from this rank's own
+        partition repaired, else that partition (both caps, ``self.count`` parts) split up to
+        ``count``: :func:`seqbal.partition.sample_cap.raised_within_caps`, which keeps both caps
+        for any count from this rank's up to its groups (why any of them can be agreed). The
+        repairs and the balance need the token cost (``capacity`` None under the padded or
+        windowed cost); the balance weighs counts as :func:`_meet_sample_cap` does."""
         capacity = None if self.cost_model.padded or self.windows is not None else self.capacity
         ones = np.ones(self.num_groups, dtype=np.int64)
-        candidate = _sample_cap.capped_pieces(candidate, self.group_tokens, ones, capacity, self.group_cap)
-        if candidate is not None and len(candidate) == count:
-            return candidate
-        if capacity is not None and len(self.parts) <= count <= self.num_groups:  # count-weighted, as _meet_sample_cap
-            counted = _sample_cap.with_count_weight(self.group_workloads)
-            balanced = capped_balanced_partitions(self.group_tokens, counted, capacity, count, feasible=self.parts)
-            if balanced is not None:
-                repaired, fixed = _sample_cap.repair_sample_cap(balanced, self.group_tokens, ones, capacity, self.group_cap)
-                if fixed:
-                    return repaired
-        if not len(self.parts) <= count <= self.num_groups:
-            return None
-        return split_bins_to_count(self.parts, self.group_tokens, count)
+        return _sample_cap.raised_within_caps(
+            self.parts, count, self.group_tokens, ones, capacity, self.group_cap,
+            balance_work=_sample_cap.with_count_weight(self.group_workloads), candidate=candidate,
+        )
 
     def fits(self, part: Sequence[int]) -> bool:
         """Whether a non-empty part of groups costs at most the cap under the cost model (and
