@@ -177,7 +177,7 @@ def _balanced(
     as in :func:`seqbal.partition.balance._balance_at`."""
     if known is None or count == 1:
         return known
-    return _balance_at(size, work, capacity, count, known, found_by, polish=polish)
+    return _balance_at(size, work, capacity, count, known, found_by, polish=polish, checked=True)
 
 
 def _count_search(
@@ -282,7 +282,7 @@ def _chunked_search(
         if k == len(tokens):  # one item per part: the only partition, nothing to balance
             chunk_parts = [[i] for i in range(k)]
         else:
-            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole, polish=CHUNK_POLISH)
+            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole, polish=CHUNK_POLISH, checked=True)
         reported[0] += len(tokens) // 2
         advance(len(tokens) // 2)
         return chunk_parts
