@@ -278,12 +278,13 @@ def _rebalance_pair(
     if grows and room_light <= 0:
         return False  # a lighter item has fewer tokens, so every swap adds tokens to ``light``
     lightest, half, light_count = light_work[0], diff / 2, len(light_work)
+    beyond = light_work[-1] + diff  # a heavy item this heavy outweighs every light one by diff or more
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     best_gap, best_item, best_other = -1, -1, -1  # no swap yet
     for item in heavy_items:
         w = work_of[item]
-        if w <= lightest:
-            continue  # no lighter item to trade it for: every delta <= 0
+        if w <= lightest or w >= beyond:
+            continue  # no lighter item to trade it for (every delta <= 0), or none within diff
         # The light items with 0 < delta < diff are the run low:high of the sorted workloads; the
         # search looks at the (up to) four around the ideal one, centre, within that run. The
         # run is empty unless its first item is lighter than w: one bisect for most items.

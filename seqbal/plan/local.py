@@ -24,10 +24,10 @@ from ..partition import (
     packing_lower_bound,
     roundup_divisible,
     sample_cap as _sample_cap,
-    smallest_feasible_partitions,
     split_bins_to_count,
     windows as _windows,
 )
+from ..partition.search import _smallest_feasible
 from ..validation import check_int64_sums
 from ..workload import balance_workloads
 from .arguments import _Arguments, _lengths_array, _validate_arguments
@@ -252,9 +252,7 @@ def _local_plan(
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
-        count, parts = smallest_feasible_partitions(
-            group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
-        )
+        count, parts = _smallest_feasible(group_tokens, group_workloads, sample_capacity, min_count, step)
         # Under the sample cap the exact search's lower multiple would ignore it: not tried.
         if step > 1 and parts is not None and group_cap is None:
             count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)
