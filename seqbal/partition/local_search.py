@@ -131,12 +131,15 @@ def _repair_step(state: _RankedBins, worst: int, excess: int, swap_parts: int = 
             other_items = ranked_items[other]
         if not other_sizes:
             continue  # an empty part (only if the caller passed one): nothing to trade
+        # Only members larger than the other part's smallest item can trade down.
+        start = bisect_right(member_sizes, other_sizes[0])
+        if start == count:
+            continue
         # A gain is at most min(room, excess), and ties keep the first: once reached, nothing
         # later in this part or in the next (no more room) replaces it.
         limit = room if room < excess else excess
         others = len(other_sizes)
-        # Only members larger than the other part's smallest item can trade down.
-        for position in range(bisect_right(member_sizes, other_sizes[0]), count):
+        for position in range(start, count):
             item_size = member_sizes[position]
             # need 0 < item_size - other_size <= room; the largest gain is the smallest
             # other item with size >= item_size - room.
