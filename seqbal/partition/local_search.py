@@ -295,13 +295,16 @@ def _rebalance_pair(
         if low == light_count or light_work[low] >= w:
             continue
         high = bisect_left(light_work, w, low)
+        if grows:
+            # Light items are in token order too; those below tokens - room_light do not fit,
+            # so where none of the run fits, the run is passed before its centre is looked for.
+            fits = bisect_left(light_tokens, tokens_of[item] - room_light, low, high)
+            if fits == high:
+                continue
         centre = bisect_left(light_work, w - half, low, high)  # ideal light-item workload
         first = centre - 2 if centre - 2 > low else low
-        if grows:
-            # Light items are in token order too; those below tokens - room_light do not fit.
-            fits = bisect_left(light_tokens, tokens_of[item] - room_light, first, high)
-            if fits > first:
-                first = fits
+        if grows and fits > first:
+            first = fits
         for j in range(first, centre + 2 if centre + 2 < high else high):
             delta = w - light_work[j]
             other = light_items[j]
