@@ -34,8 +34,13 @@ def packing_lower_bound(lengths: IntSequence, capacity: int) -> int:
     >>> packing_lower_bound([7] * 8, 8), packing_lower_bound([5, 5, 5, 1], 10)
     (8, 2)
     """
-    sizes = np.sort(as_int_array(lengths, negative=False))
-    capacity = check_capacity(capacity)
+    return _lower_bound(as_int_array(lengths, negative=False), check_capacity(capacity))
+
+
+def _lower_bound(values: np.ndarray, capacity: int) -> int:
+    """:func:`packing_lower_bound` on a checked non-negative int64 array and capacity (the
+    count search's call: its items were checked, so they are not converted again)."""
+    sizes = np.sort(values)
     if sizes.size == 0 or sizes[-1] == 0:
         return 0
     if len(sizes) <= SMALL_BOUND_ITEMS and capacity <= SMALL_BOUND_CAPACITY:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_count, check_items_fit, exact_total
 from .balance import CHUNKED_KK_POLISH, SMALL_COUNT, _balance_at
-from .bounds import packing_lower_bound
+from .bounds import _lower_bound
 from .chunks import balanced_in_chunks, chunk_count, deal_chunks, in_chunk
 from .feasibility import _fit_in, _Try
 from .local_search import rebalance_within_capacity
@@ -215,7 +215,7 @@ def _count_search(
         # where that works (the common case), the counts below are walked down to the bound
         # and the chunk's own packings (two passes, a third of a chunk's search) are not needed.
         # Not on a few items, whose tries are thorough where the packing needs few parts.
-        low = max(k0, allowed(packing_lower_bound(size, capacity)))
+        low = max(k0, allowed(_lower_bound(size, capacity)))
         if low <= hint:
             orders = (_descending(work), _descending(size))
             tried = _fit_in(size, work, capacity, hint, False, orders)
@@ -226,7 +226,7 @@ def _count_search(
     packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
     packed = allowed(len(packing))
     if packed > k0:
-        k0 = allowed(packing_lower_bound(size, capacity))
+        k0 = allowed(_lower_bound(size, capacity))
     if k0 > n:
         return k0, None, None
     if packed > k0:  # a search would run: another packing may land lower
@@ -337,7 +337,7 @@ def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], in
     else:
         packing = _best_fit_decreasing(size, capacity)
     # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
-    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    lower = plain if len(packing) <= plain else _lower_bound(size, capacity)
     if len(packing) > lower and len(size) < FILL_ALONE_ITEMS_PER_PART * plain:
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):
