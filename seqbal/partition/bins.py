@@ -325,20 +325,16 @@ class _RankedBins(_Bins):
         self._add(target, self.tokens_of[item], 0)
 
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
-        # _take, _put and _add of both parts in line (the repair's step is mostly swaps).
+        # _take and _put of both parts in line (the repair's step is mostly swaps).
         size_a, size_b = self.tokens_of[item_a], self.tokens_of[item_b]
-        sizes, items = self.ranked(bin_a)
-        position = _rank_position(sizes, items, size_a, item_a)
-        del sizes[position], items[position]
-        position = _rank_position(sizes, items, size_b, item_b)
-        sizes.insert(position, size_b)
-        items.insert(position, item_b)
-        sizes, items = self.ranked(bin_b)
-        position = _rank_position(sizes, items, size_b, item_b)
-        del sizes[position], items[position]
-        position = _rank_position(sizes, items, size_a, item_a)
-        sizes.insert(position, size_a)
-        items.insert(position, item_a)
+        for part, out, out_size, into, into_size in ((bin_a, item_a, size_a, item_b, size_b),
+                                                     (bin_b, item_b, size_b, item_a, size_a)):
+            sizes, items = self.ranked(part)
+            position = _rank_position(sizes, items, out_size, out)
+            del sizes[position], items[position]
+            position = _rank_position(sizes, items, into_size, into)
+            sizes.insert(position, into_size)
+            items.insert(position, into)
         shift = size_b - size_a
         self._add(bin_a, shift, 0)
         self._add(bin_b, -shift, 0)
