@@ -16,12 +16,12 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, int_argument
+from .bins import PYTHON_SUMS_ITEMS, _sums
 from .feasibility import _fit_in, _Try
 from .greedy import _capped_greedy
 from .kk import CHUNKED_KK_MIN_ITEMS, _balanced_parts
 from .local_search import _rebalance, _repair
 from .packing import split_bins_to_count
-from .bins import PYTHON_SUMS_ITEMS, _sums
 from .parts import _within
 
 # Tuning: which balance runs at which count, and how far the polish goes.
@@ -98,7 +98,7 @@ def _fits(parts: list[list[int]], size: np.ndarray, capacity: int) -> bool:
     """Whether every part is within ``capacity`` tokens (:func:`seqbal.partition.parts._within`),
     summed in the interpreter up to :data:`~seqbal.partition.bins.PYTHON_SUMS_ITEMS` items. O(n)."""
     if len(size) <= PYTHON_SUMS_ITEMS:
-        return max(_sums(size, size.tolist(), parts)) <= capacity
+        return max(_sums(size, size.tolist(), parts), default=0) <= capacity
     return _within(parts, size, capacity)
 
 
