@@ -76,6 +76,17 @@ def test_planning_cost_harness_runs_and_compares(tmp_path, capsys):
     assert "| lognormal | 64 | 4096 |" in capsys.readouterr().out
 
 
+def test_planning_ab_harness_compares_a_tree_with_itself(capsys):
+    from pathlib import Path
+
+    from benchmarks import planning_ab
+
+    tree = Path(__file__).resolve().parent.parent
+    assert planning_ab.main(["--ref", str(tree), "--cases", "uniform:64:4096", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "same plan" in out and "plans differ in 0" in out
+
+
 def test_scale_and_driver_harnesses_run():
     from benchmarks import driver_and_gather, scale
 

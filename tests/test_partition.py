@@ -157,6 +157,18 @@ def test_lower_bound_is_valid_and_at_least_ceildiv(capacity, data):
         assert bound <= optimal_bin_count(sizes, capacity)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5000), st.data())
+def test_lower_bound_small_form_equals_numpy_form(capacity, data):
+    # Up to 256 items L2 is computed in the interpreter; it must be the NumPy form's bound.
+    from seqbal.partition.bounds import _martello_toth, _martello_toth_small
+
+    edges = st.sampled_from([0, 1, capacity // 4 + 1, capacity // 3, capacity // 3 + 1, capacity // 2,
+                             capacity // 2 + 1, capacity])
+    sizes = sorted(data.draw(st.lists(st.one_of(st.integers(0, capacity), edges), min_size=1, max_size=80)))
+    assert _martello_toth_small(sizes, capacity) == _martello_toth(np.array(sizes, dtype=np.int64), capacity)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 1000), st.data())
 def test_best_fit_decreasing_respects_capacity_and_bound(capacity, data):

@@ -295,3 +295,59 @@ def test_a_share_raised_to_the_common_count_keeps_the_sample_cap():
     assert sorted(i for part in raised for i in part) == list(range(12)) and len(raised) == 4
     assert max(len(part) for part in raised) <= 4
     assert max(int(tokens[part].sum()) for part in raised) <= 300
+
+
+def _check_raised(raised, own, count, tokens, weights, capacity, max_samples):
+    """``raised_within_caps``'s guarantee: ``count`` non-empty parts, every item once, both caps."""
+    assert raised is not None, (own, count)
+    assert len(raised) == count and all(raised), raised
+    assert sorted(i for part in raised for i in part) == list(range(len(tokens)))
+    assert all(int(tokens[part].sum()) <= capacity for part in raised), raised
+    assert sample_cap.within_sample_cap(raised, weights, max_samples), raised
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.one_of(st.integers(0, 4), st.integers(10, 30)), min_size=1, max_size=24),
+    st.integers(0, 40),
+    st.integers(1, 5),
+    st.booleans(),
+)
+def test_raised_within_caps_keeps_both_caps_at_every_count(tokens, room, max_samples, counted):
+    # Own plan: the smallest token partition made to meet the sample cap (both caps hold); every
+    # count from its parts up to the items must come back with both caps.
+    from seqbal.partition import smallest_feasible_partitions
+
+    tokens = np.array(tokens, dtype=np.int64)
+    capacity = max(int(tokens.max()) + room, 1)
+    weights = np.ones(len(tokens), dtype=np.int64)
+    work = 24 * tokens + tokens * tokens
+    _, own = smallest_feasible_partitions(tokens, work, capacity)
+    own = sample_cap.capped_pieces(own, tokens, weights, capacity, max_samples)
+    balance_work = sample_cap.with_count_weight(work) if counted else work
+    for count in range(len(own), len(tokens) + 1):
+        raised = sample_cap.raised_within_caps(own, count, tokens, weights, capacity, max_samples,
+                                               balance_work=balance_work, split_weights=None if counted else work)
+        _check_raised(raised, own, count, tokens, weights, capacity, max_samples)
+    assert sample_cap.raised_within_caps(own, len(tokens) + 1, tokens, weights, capacity, max_samples,
+                                         balance_work=work) is None
+
+
+def test_raised_within_caps_splits_its_own_plan_when_the_repair_fails():
+    # Cap 26 tokens, 3 samples. At 6 parts the workload balance puts 7, 13, 3 and 6 (26, 26, 19
+    # and 16 tokens) alone, three items in a fifth part and the eight short ones together (8 > 3
+    # samples); the repair moves two each into 3 and 6, and then nothing fits: 7 and 13 have no
+    # token room, and no run of short items weighs what one long one does. The own plan (five
+    # parts, both caps) split up to 6 is what keeps both caps.
+    tokens = np.array([3, 0, 2, 19, 0, 2, 16, 26, 3, 0, 2, 1, 0, 26, 3], dtype=np.int64)
+    weights = np.ones(len(tokens), dtype=np.int64)
+    work = 24 * tokens + tokens * tokens
+    own = [[1, 4, 7], [9, 12, 13], [3, 5, 10], [6, 8, 14], [0, 2, 11]]
+    from seqbal.partition import capped_balanced_partitions
+
+    balanced = capped_balanced_partitions(tokens, work, 26, 6, feasible=own)
+    assert not sample_cap.within_sample_cap(balanced, weights, 3)
+    assert not sample_cap.repair_sample_cap(balanced, tokens, weights, 26, 3)[1]  # the premise
+    raised = sample_cap.raised_within_caps(own, 6, tokens, weights, 26, 3, balance_work=work, split_weights=work)
+    _check_raised(raised, own, 6, tokens, weights, 26, 3)
+    assert all(any(set(piece) <= set(part) for part in own) for piece in raised)  # pieces of the own plan

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, int_argument
+from .bins import PYTHON_SUMS_ITEMS, _sums
 from .feasibility import _fit_in, _Try
 from .greedy import _capped_greedy
 from .kk import CHUNKED_KK_MIN_ITEMS, _balanced_parts
@@ -93,6 +94,14 @@ def capped_balanced_partitions(
     return _balance_at(size, work, capacity, k, feasible)
 
 
+def _fits(parts: list[list[int]], size: np.ndarray, capacity: int) -> bool:
+    """Whether every part is within ``capacity`` tokens (:func:`seqbal.partition.parts._within`),
+    summed in the interpreter up to :data:`~seqbal.partition.bins.PYTHON_SUMS_ITEMS` items. O(n)."""
+    if len(size) <= PYTHON_SUMS_ITEMS:
+        return max(_sums(size, size.tolist(), parts), default=0) <= capacity
+    return _within(parts, size, capacity)
+
+
 def _balance_at(
     size: np.ndarray,
     work: np.ndarray,
@@ -101,6 +110,7 @@ def _balance_at(
     feasible: Optional[Sequence[Sequence[int]]],
     found_by: Optional["_Try"] = None,
     polish: float = CHUNKED_KK_POLISH,
+    checked: bool = False,
 ) -> Optional[list[list[int]]]:
     """The body of :func:`capped_balanced_partitions` on validated arrays. ``polish``: where the
     chunked KK fits the cap, how close to the bound its rebalance goes (see
@@ -111,14 +121,17 @@ def _balance_at(
     breaks the cap (a repair costs up to a few best-fit-decreasing passes, and the search
     already paid for one at this count); and if the LPT start itself broke the cap, the KK
     (balanced on workloads too) is not tried at all. On smaller inputs it is the fallback if
-    the KK's repair fails."""
+    the KK's repair fails. ``checked``: ``feasible`` is the search's own partition (not a
+    caller's), so where it already has ``k`` parts it is taken as it is, without the split's
+    check of the partition (at 512 items that check alone cost about half a
+    best-fit-decreasing pass)."""
     n = len(size)
     candidate = None
     balanced_start = feasible if found_by is not None and found_by.on_work else None
     reuse = balanced_start is not None and n >= CHUNKED_KK_MIN_ITEMS
     if _has_slack(n, k):
         parts = None if reuse and found_by.repaired else _balanced_parts(work, k)
-        if parts is not None and _within(parts, size, capacity):
+        if parts is not None and _fits(parts, size, capacity):
             if n < CHUNKED_KK_MIN_ITEMS:
                 return parts  # item-level KK
             return _rebalance(parts, size, work, capacity, close_enough=polish)
@@ -127,7 +140,10 @@ def _balance_at(
     if candidate is None:
         candidate = _capped_greedy(size, work, capacity, k)
     if candidate is None and feasible is not None and len(feasible) <= k:
-        candidate = split_bins_to_count(feasible, size, k, weights=work)
+        if checked and len(feasible) == k:  # what the split returns at its own count
+            candidate = [sorted(part) for part in feasible]
+        else:
+            candidate = split_bins_to_count(feasible, size, k, weights=work)
     if candidate is None and feasible is None:  # no fallback: try hard (callers probing a count)
         candidate = _fit_in(size, work, capacity, k, thorough=True).parts
     if candidate is None:

@@ -77,6 +77,18 @@ class _SortedPairs:
         else:
             del self.blocks[i], self.maxes[i]
 
+    def replace(self, old: tuple[int, int], new: tuple[int, int]) -> None:
+        """:meth:`remove` ``old`` and :meth:`add` ``new``; in one block (up to 512 parts, every
+        small plan) without the block bookkeeping, which is then most of the cost."""
+        if len(self.blocks) != 1:
+            self.remove(old)
+            self.add(new)
+            return
+        block = self.blocks[0]
+        del block[bisect.bisect_left(block, old)]
+        bisect.insort(block, new)
+        self.maxes[0] = block[-1]
+
     def last(self) -> tuple[int, int]:
         return self.maxes[-1]
 
@@ -101,7 +113,7 @@ class _SortedPairs:
         """The ``count`` largest entries, descending."""
         out: list[tuple[int, int]] = []
         for block in reversed(self.blocks):
-            out.extend(block[::-1][:count - len(out)])
+            out.extend(block[:-(count - len(out)) - 1:-1])  # the block's last entries, reversed
             if len(out) >= count:
                 break
         return out
@@ -179,9 +191,10 @@ class _Bins:
         that order."""
         ranked = self.ranked_by_work.get(part)
         if ranked is None:
-            pairs = sorted([(self.work_of[i], i) for i in self.members[part]])
-            items = [item for _, item in pairs]
-            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [self.tokens_of[i] for i in items], items)
+            work_of = self.work_of
+            items = sorted(self.members[part])
+            items.sort(key=work_of.__getitem__)  # stable: by workload, ties by item
+            ranked = self.ranked_by_work[part] = ([work_of[i] for i in items], [self.tokens_of[i] for i in items], items)
         return ranked
 
     def _unrank(self, part: int, item: int) -> None:
@@ -214,18 +227,40 @@ class _Bins:
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
         """Trade ``item_a`` of ``bin_a`` for ``item_b`` of ``bin_b`` (members as two moves would
         leave them; each part's sorted keys updated once)."""
-        self._unrank(bin_a, item_a)
-        self._unrank(bin_b, item_b)
-        self._rank(bin_a, item_b)
-        self._rank(bin_b, item_a)
-        self.members[bin_a].remove(item_a)
-        self.members[bin_b].append(item_a)
-        self.members[bin_b].remove(item_b)
-        self.members[bin_a].append(item_b)
-        tokens = self.tokens_of[item_b] - self.tokens_of[item_a]
-        work = self.work_of[item_b] - self.work_of[item_a]
-        self._add(bin_a, tokens, work)
-        self._add(bin_b, -tokens, -work)
+        work_of, tokens_of, kept = self.work_of, self.tokens_of, self.ranked_by_work
+        for part, out, into in ((bin_a, item_a, item_b), (bin_b, item_b, item_a)):  # _unrank, _rank in line
+            ranked = kept.get(part)
+            if ranked is not None:
+                works, tokens, items = ranked
+                position = _rank_position(works, items, work_of[out], out)
+                del works[position], tokens[position], items[position]
+                work = work_of[into]
+                position = _rank_position(works, items, work, into)
+                works.insert(position, work)
+                tokens.insert(position, tokens_of[into])
+                items.insert(position, into)
+        members_a, members_b = self.members[bin_a], self.members[bin_b]
+        members_a.remove(item_a)
+        members_b.append(item_a)
+        members_b.remove(item_b)
+        members_a.append(item_b)
+        tokens = tokens_of[item_b] - tokens_of[item_a]
+        work = work_of[item_b] - work_of[item_a]
+        if self.by_room is not None:
+            self._add(bin_a, tokens, work)
+            self._add(bin_b, -tokens, -work)
+            return
+        # The rebalance's bins (by workload only): the two parts' sums and keys updated in line,
+        # the same updates as two _add calls (a swap is most of a rebalance step's cost).
+        self.tokens[bin_a] += tokens
+        self.tokens[bin_b] -= tokens
+        by_work, sums = self.by_work, self.work
+        before = sums[bin_a]
+        sums[bin_a] = before + work
+        by_work.replace((before, bin_a), (before + work, bin_a))
+        before = sums[bin_b]
+        sums[bin_b] = before - work
+        by_work.replace((before, bin_b), (before - work, bin_b))
 
     def result(self) -> list[list[int]]:
         return [sorted(p) for p in self.members]
@@ -251,10 +286,12 @@ class _RankedBins(_Bins):
 
     def _add(self, part: int, tokens: int, work: int) -> None:
         room = self.capacity - self.tokens[part]
-        if room >= 0:
-            self.by_room.remove((room, -part))
         self.tokens[part] += tokens
-        if room - tokens >= 0:
+        if room >= 0 and room - tokens >= 0:
+            self.by_room.replace((room, -part), (room - tokens, -part))
+        elif room >= 0:
+            self.by_room.remove((room, -part))
+        elif room - tokens >= 0:
             self.by_room.add((room - tokens, -part))
 
     def ranked(self, part: int) -> tuple[list[int], list[int]]:
@@ -263,9 +300,10 @@ class _RankedBins(_Bins):
         sizes = self._sizes[part]
         if sizes is None:
             sizes_of = self.tokens_of
-            pairs = sorted([(sizes_of[i], i) for i in self.members[part]])
-            sizes = self._sizes[part] = [size for size, _ in pairs]
-            self._items[part] = [item for _, item in pairs]
+            items = sorted(self.members[part])
+            items.sort(key=sizes_of.__getitem__)  # stable: by size, ties by item
+            sizes = self._sizes[part] = [sizes_of[i] for i in items]
+            self._items[part] = items
         return sizes, self._items[part]
 
     def _take(self, part: int, item: int) -> None:
@@ -287,11 +325,17 @@ class _RankedBins(_Bins):
         self._add(target, self.tokens_of[item], 0)
 
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
-        self._take(bin_a, item_a)
-        self._take(bin_b, item_b)
-        self._put(bin_a, item_b)
-        self._put(bin_b, item_a)
-        shift = self.tokens_of[item_b] - self.tokens_of[item_a]
+        # _take and _put of both parts in line (the repair's step is mostly swaps).
+        size_a, size_b = self.tokens_of[item_a], self.tokens_of[item_b]
+        for part, out, out_size, into, into_size in ((bin_a, item_a, size_a, item_b, size_b),
+                                                     (bin_b, item_b, size_b, item_a, size_a)):
+            sizes, items = self.ranked(part)
+            position = _rank_position(sizes, items, out_size, out)
+            del sizes[position], items[position]
+            position = _rank_position(sizes, items, into_size, into)
+            sizes.insert(position, into_size)
+            items.insert(position, into)
+        shift = size_b - size_a
         self._add(bin_a, shift, 0)
         self._add(bin_b, -shift, 0)
 

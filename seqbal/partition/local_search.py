@@ -117,24 +117,42 @@ def _repair_step(state: _RankedBins, worst: int, excess: int, swap_parts: int = 
             return True
     # Swaps with the parts that have the most room: trade an item for a smaller one.
     best: Optional[tuple[int, int, int, int]] = None  # (gain, item, other item, other part)
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+    ranked_sizes, ranked_items = state._sizes, state._items  # state.ranked(other), read in line
+    count = len(members)
     for room, negated in rooms.largest(swap_parts):
         other = -negated
         if room <= 0 or (best is not None and room <= best[0]):
             break  # a swap gains at most the other part's room, and rooms only get smaller
-        other_sizes, other_items = state.ranked(other)
+        other_sizes = ranked_sizes[other]
+        if other_sizes is None:
+            other_sizes, other_items = state.ranked(other)
+        else:
+            other_items = ranked_items[other]
         if not other_sizes:
             continue  # an empty part (only if the caller passed one): nothing to trade
         # Only members larger than the other part's smallest item can trade down.
-        for position in range(bisect.bisect_right(member_sizes, other_sizes[0]), len(members)):
+        start = bisect_right(member_sizes, other_sizes[0])
+        if start == count:
+            continue
+        # A gain is at most min(room, excess), and ties keep the first: once reached, nothing
+        # later in this part or in the next (no more room) replaces it.
+        limit = room if room < excess else excess
+        others = len(other_sizes)
+        for position in range(start, count):
             item_size = member_sizes[position]
             # need 0 < item_size - other_size <= room; the largest gain is the smallest
             # other item with size >= item_size - room.
-            j = bisect.bisect_left(other_sizes, item_size - room)
-            if j < len(other_sizes) and other_sizes[j] < item_size:
-                gain = min(item_size - other_sizes[j], excess)
+            j = bisect_left(other_sizes, item_size - room)
+            if j < others and other_sizes[j] < item_size:
+                gain = item_size - other_sizes[j]
+                if gain > excess:
+                    gain = excess
                 if best is None or gain > best[0]:
                     best = (gain, members[position], other_items[j], other)
-        if best is not None and best[0] >= excess:
+                    if gain >= limit:
+                        break
+        if best is not None and best[0] >= limit:
             break
     if best is None:
         return False
@@ -253,7 +271,8 @@ def _rebalance_pair(
             state.move(best_item, heavy, light)
             return True
     # Swaps: delta = w_heavy_item - w_light_item must satisfy 0 < delta < diff.
-    light_work, light_tokens, light_items = state.work_ranked(light)
+    ranked = state.ranked_by_work.get(light)  # state.work_ranked(light), its lookup in line
+    light_work, light_tokens, light_items = ranked if ranked is not None else state.work_ranked(light)
     if not light_items or least_work - light_work[-1] >= diff:
         # Every heavy item outweighs every light one by diff or more, so no swap improves the
         # pair: most pairings that fail end here (a heavy part of long sequences against light
@@ -261,26 +280,31 @@ def _rebalance_pair(
         return False
     if grows and room_light <= 0:
         return False  # a lighter item has fewer tokens, so every swap adds tokens to ``light``
-    lightest, half = light_work[0], diff / 2
+    lightest, half, light_count = light_work[0], diff / 2, len(light_work)
+    beyond = light_work[-1] + diff  # a heavy item this heavy outweighs every light one by diff or more
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     best_gap, best_item, best_other = -1, -1, -1  # no swap yet
     for item in heavy_items:
         w = work_of[item]
-        if w <= lightest:
-            continue  # no lighter item to trade it for: every delta <= 0
+        if w <= lightest or w >= beyond:
+            continue  # no lighter item to trade it for (every delta <= 0), or none within diff
         # The light items with 0 < delta < diff are the run low:high of the sorted workloads; the
-        # search looks at the (up to) four around the ideal one, centre, within that run.
-        high = bisect_left(light_work, w)
-        low = bisect_right(light_work, w - diff, 0, high)
-        if low >= high:
+        # search looks at the (up to) four around the ideal one, centre, within that run. The
+        # run is empty unless its first item is lighter than w: one bisect for most items.
+        low = bisect_right(light_work, w - diff)
+        if low == light_count or light_work[low] >= w:
             continue
+        high = bisect_left(light_work, w, low)
+        if grows:
+            # Light items are in token order too; those below tokens - room_light do not fit,
+            # so where none of the run fits, the run is passed before its centre is looked for.
+            fits = bisect_left(light_tokens, tokens_of[item] - room_light, low, high)
+            if fits == high:
+                continue
         centre = bisect_left(light_work, w - half, low, high)  # ideal light-item workload
         first = centre - 2 if centre - 2 > low else low
-        if grows:
-            # Light items are in token order too; those below tokens - room_light do not fit.
-            fits = bisect_left(light_tokens, tokens_of[item] - room_light, first, high)
-            if fits > first:
-                first = fits
+        if grows and fits > first:
+            first = fits
         for j in range(first, centre + 2 if centre + 2 < high else high):
             delta = w - light_work[j]
             other = light_items[j]

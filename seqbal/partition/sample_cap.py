@@ -16,6 +16,10 @@ around it in three steps, each of which can only keep or restore it:
    token cap (and, under the padded cost, ``samples x longest``, and under trimming, its
    window): the result meets both caps whatever the input, at a count a few parts higher.
 
+A rank raised to a larger agreed count gets its partition there from
+:func:`raised_within_caps`: a balance at that count repaired to the sample cap, else its own
+plan split up to the count.
+
 Why the data-parallel agreement still holds: splitting a part lowers both its tokens and its
 samples, so a partition that meets both caps at ``k`` splits into one that meets both at any
 ``k' >= k`` up to the number of items. The count a rank proposes is therefore reachable on
@@ -35,7 +39,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .balance import capped_balanced_partitions
 from .bounds import packing_lower_bound
+from .packing import split_bins_to_count
 from .parts import ceildiv
 
 
@@ -373,3 +379,61 @@ def capped_pieces(
         split = split_to_sample_cap(parts, weights, max_samples)
         return peeled if len(peeled) <= len(split) else split
     return split_to_sample_cap(parts, weights, max_samples)
+
+
+def raised_within_caps(
+    own: Sequence[Sequence[int]],
+    count: int,
+    tokens: np.ndarray,
+    weights: np.ndarray,
+    capacity: Optional[int],
+    max_samples: int,
+    *,
+    balance_work: np.ndarray,
+    candidate: Optional[Sequence[Sequence[int]]] = None,
+    split_weights: Optional[np.ndarray] = None,
+) -> Optional[list[list[int]]]:
+    """A partition into ``count`` parts that meets both caps, given ``own``, one that meets
+    both at fewer parts (a rank's own plan, raised to a count agreed with other ranks).
+
+    Tried in order, first success wins:
+      1. ``candidate`` (a partition into ``count`` parts within the token cost, if the caller
+         has one), as it is if it meets the sample cap, else repaired
+         (:func:`repair_sample_cap`, token cost only: ``capacity`` given);
+      2. with ``capacity`` given: :func:`~seqbal.partition.capped_balanced_partitions` at
+         ``count`` on ``balance_work`` from ``own``, repaired in the same way;
+      3. ``own`` split up to ``count`` (:func:`~seqbal.partition.split_bins_to_count`, halves
+         balanced on ``split_weights``, default ``tokens``).
+
+    Guarantee: whenever ``own`` meets both caps and ``len(own) <= count <= len(tokens)``, the
+    result has ``count`` parts and meets both caps (step 3 cannot fail: a piece is a subset of
+    its part, so it keeps the token cap, and any cost a part met, and the sample cap). This is
+    why every count from a rank's own up to its number of items can be agreed. Outside that
+    range, the result of steps 1-2 or None. ``capacity`` None (padded or windowed cost, which
+    the repair does not model) skips the repairs and step 2. Every returned part is sorted.
+
+    Complexity: one balance at ``count`` (see ``capped_balanced_partitions``) and up to two
+    repairs, plus O(n log n) for the split.
+
+    >>> raised_within_caps([[0, 1], [2, 3]], 3, np.array([3, 3, 3, 3]), np.ones(4, dtype=np.int64), 6, 2,
+    ...                    balance_work=np.array([3, 3, 3, 3]))
+    [[1, 3], [0], [2]]
+    """
+    def tries():
+        if candidate is not None:
+            yield candidate
+        if capacity is not None and len(own) <= count <= len(tokens):
+            yield capped_balanced_partitions(tokens, balance_work, capacity, count, feasible=own)
+
+    for parts in tries():
+        if parts is None:
+            continue
+        if within_sample_cap(parts, weights, max_samples):
+            return [sorted(part) for part in parts]
+        if capacity is not None:
+            repaired, fixed = repair_sample_cap(parts, tokens, weights, capacity, max_samples)
+            if fixed:
+                return repaired
+    if not len(own) <= count <= len(tokens):
+        return None
+    return split_bins_to_count(own, tokens, count, weights=split_weights)

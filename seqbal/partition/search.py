@@ -28,7 +28,7 @@ import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_count, check_items_fit, exact_total
 from .balance import CHUNKED_KK_POLISH, SMALL_COUNT, _balance_at
-from .bounds import packing_lower_bound
+from .bounds import _lower_bound
 from .chunks import balanced_in_chunks, chunk_count, deal_chunks, in_chunk
 from .feasibility import _fit_in, _Try
 from .local_search import rebalance_within_capacity
@@ -128,11 +128,21 @@ def smallest_feasible_partitions(
     """
     size = as_int_array(tokens, "tokens")
     work = as_int_array(workloads, "workloads")
-    capacity = check_items_fit(size, capacity)
     step = check_count(step, "step")
     min_count = check_count(min_count, "min_count")
     if step < 1 or min_count < 1:
         raise ValueError(f"step and min_count must be >= 1, got step={step}, min_count={min_count}")
+    return _smallest_feasible(size, work, capacity, min_count, step)
+
+
+def _smallest_feasible(
+    size: np.ndarray, work: np.ndarray, capacity: int, min_count: int, step: int
+) -> tuple[int, Optional[list[list[int]]]]:
+    """:func:`smallest_feasible_partitions` on int64 arrays and ints ``>= 1`` (the plan's own
+    call, whose arrays are checked already: it skips their conversion and int64 check, a
+    tenth of a best-fit-decreasing pass at 64 items); the capacity and the items are still
+    checked against each other."""
+    capacity = check_items_fit(size, capacity)
     chunks = chunk_count(len(size), ceildiv(exact_total(size), capacity))
     with _collector_paused():
         if chunks > 1:
@@ -177,7 +187,7 @@ def _balanced(
     as in :func:`seqbal.partition.balance._balance_at`."""
     if known is None or count == 1:
         return known
-    return _balance_at(size, work, capacity, count, known, found_by, polish=polish)
+    return _balance_at(size, work, capacity, count, known, found_by, polish=polish, checked=True)
 
 
 def _count_search(
@@ -205,7 +215,7 @@ def _count_search(
         # where that works (the common case), the counts below are walked down to the bound
         # and the chunk's own packings (two passes, a third of a chunk's search) are not needed.
         # Not on a few items, whose tries are thorough where the packing needs few parts.
-        low = max(k0, allowed(packing_lower_bound(size, capacity)))
+        low = max(k0, allowed(_lower_bound(size, capacity)))
         if low <= hint:
             orders = (_descending(work), _descending(size))
             tried = _fit_in(size, work, capacity, hint, False, orders)
@@ -216,7 +226,7 @@ def _count_search(
     packing = _best_fit_decreasing(size, capacity) if k0 <= n else []  # the items were checked above
     packed = allowed(len(packing))
     if packed > k0:
-        k0 = allowed(packing_lower_bound(size, capacity))
+        k0 = allowed(_lower_bound(size, capacity))
     if k0 > n:
         return k0, None, None
     if packed > k0:  # a search would run: another packing may land lower
@@ -282,7 +292,7 @@ def _chunked_search(
         if k == len(tokens):  # one item per part: the only partition, nothing to balance
             chunk_parts = [[i] for i in range(k)]
         else:
-            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole, polish=CHUNK_POLISH)
+            chunk_parts = _balance_at(tokens, workloads, capacity, k, known, whole, polish=CHUNK_POLISH, checked=True)
         reported[0] += len(tokens) // 2
         advance(len(tokens) // 2)
         return chunk_parts
@@ -327,7 +337,7 @@ def _whole_packing(size: np.ndarray, capacity: int) -> tuple[list[list[int]], in
     else:
         packing = _best_fit_decreasing(size, capacity)
     # At the bound nothing needs fewer parts (the stronger bound only where the plain one is below).
-    lower = plain if len(packing) <= plain else packing_lower_bound(size, capacity)
+    lower = plain if len(packing) <= plain else _lower_bound(size, capacity)
     if len(packing) > lower and len(size) < FILL_ALONE_ITEMS_PER_PART * plain:
         filled = _reserving_fill_partitions(size, capacity)
         if len(filled) < len(packing):

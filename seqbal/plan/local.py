@@ -24,10 +24,10 @@ from ..partition import (
     packing_lower_bound,
     roundup_divisible,
     sample_cap as _sample_cap,
-    smallest_feasible_partitions,
     split_bins_to_count,
     windows as _windows,
 )
+from ..partition.search import _smallest_feasible
 from ..validation import check_int64_sums
 from ..workload import balance_workloads
 from .arguments import _Arguments, _lengths_array, _validate_arguments
@@ -84,24 +84,18 @@ class _LocalPlan:
 
     def _sample_capped_at(self, count: int, candidate: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
         """``candidate`` (a partition into ``count`` parts within the cost cap) made to meet the
-        sample cap at the same count (``seqbal.partition.sample_cap``); where it cannot, this
-        rank's own partition (both caps, ``self.count`` parts) split up to ``count``, which
-        keeps both caps: why any count from this rank's up to its groups can be agreed."""
+        sample cap at the same count, else a count-weighted balance from this rank's own
+        partition repaired, else that partition (both caps, ``self.count`` parts) split up to
+        ``count``: :func:`seqbal.partition.sample_cap.raised_within_caps`, which keeps both caps
+        for any count from this rank's up to its groups (why any of them can be agreed). The
+        repairs and the balance need the token cost (``capacity`` None under the padded or
+        windowed cost); the balance weighs counts as :func:`_meet_sample_cap` does."""
         capacity = None if self.cost_model.padded or self.windows is not None else self.capacity
         ones = np.ones(self.num_groups, dtype=np.int64)
-        candidate = _sample_cap.capped_pieces(candidate, self.group_tokens, ones, capacity, self.group_cap)
-        if candidate is not None and len(candidate) == count:
-            return candidate
-        if capacity is not None and len(self.parts) <= count <= self.num_groups:  # count-weighted, as _meet_sample_cap
-            counted = _sample_cap.with_count_weight(self.group_workloads)
-            balanced = capped_balanced_partitions(self.group_tokens, counted, capacity, count, feasible=self.parts)
-            if balanced is not None:
-                repaired, fixed = _sample_cap.repair_sample_cap(balanced, self.group_tokens, ones, capacity, self.group_cap)
-                if fixed:
-                    return repaired
-        if not len(self.parts) <= count <= self.num_groups:
-            return None
-        return split_bins_to_count(self.parts, self.group_tokens, count)
+        return _sample_cap.raised_within_caps(
+            self.parts, count, self.group_tokens, ones, capacity, self.group_cap,
+            balance_work=_sample_cap.with_count_weight(self.group_workloads), candidate=candidate,
+        )
 
     def fits(self, part: Sequence[int]) -> bool:
         """Whether a non-empty part of groups costs at most the cap under the cost model (and
@@ -258,9 +252,7 @@ def _local_plan(
     else:
         sample_workloads = balance_workloads(measured)  # exact where int64 fits
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
-        count, parts = smallest_feasible_partitions(
-            group_tokens, group_workloads, sample_capacity, min_count=min_count, step=step
-        )
+        count, parts = _smallest_feasible(group_tokens, group_workloads, sample_capacity, min_count, step)
         # Under the sample cap the exact search's lower multiple would ignore it: not tried.
         if step > 1 and parts is not None and group_cap is None:
             count, parts = _one_multiple_lower(group_tokens, group_workloads, sample_capacity, count, parts, min_count, step)

@@ -173,11 +173,12 @@ def _raised(
     plan: list[list[int]],
 ) -> Optional[list[list[int]]]:
     """A share's plan at the common ``count`` (more parts than ``plan``): balanced at that count
-    from ``plan``; under the sample cap that balance is repaired at the same count, and where
-    the repair cannot fix it, ``plan`` itself is split up to the count (a piece keeps both
-    caps, which is why the largest of the shares' counts is reachable by every share)."""
-    balanced = capped_balanced_partitions(tokens, work, capacity, count, feasible=plan)
-    if max_samples is None or balanced is None or _sample_cap.within_sample_cap(balanced, samples, max_samples):
-        return balanced
-    repaired, fixed = _sample_cap.repair_sample_cap(balanced, tokens, samples, capacity, max_samples)
-    return repaired if fixed else split_bins_to_count(plan, tokens, count, weights=work)
+    from ``plan``; under the sample cap, :func:`seqbal.partition.sample_cap.raised_within_caps`
+    (that balance repaired at the same count, else ``plan`` itself split up to the count, a
+    piece keeping both caps: why the largest of the shares' counts is reachable by every
+    share). Balanced and split on the true workloads: every group holds the same number of
+    samples here."""
+    if max_samples is None:
+        return capped_balanced_partitions(tokens, work, capacity, count, feasible=plan)
+    return _sample_cap.raised_within_caps(plan, count, tokens, samples, capacity, max_samples,
+                                          balance_work=work, split_weights=work)
