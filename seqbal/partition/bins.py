@@ -179,9 +179,9 @@ class _Bins:
         that order."""
         ranked = self.ranked_by_work.get(part)
         if ranked is None:
-            pairs = sorted([(self.work_of[i], i) for i in self.members[part]])
-            items = [item for _, item in pairs]
-            ranked = self.ranked_by_work[part] = ([w for w, _ in pairs], [self.tokens_of[i] for i in items], items)
+            work_of, tokens_of = self.work_of.__getitem__, self.tokens_of.__getitem__
+            items = sorted(sorted(self.members[part]), key=work_of)  # by index, then stably by workload
+            ranked = self.ranked_by_work[part] = (list(map(work_of, items)), list(map(tokens_of, items)), items)
         return ranked
 
     def _unrank(self, part: int, item: int) -> None:
@@ -262,10 +262,10 @@ class _RankedBins(_Bins):
         the lists themselves, kept sorted by :meth:`move` and :meth:`swap`."""
         sizes = self._sizes[part]
         if sizes is None:
-            sizes_of = self.tokens_of
-            pairs = sorted([(sizes_of[i], i) for i in self.members[part]])
-            sizes = self._sizes[part] = [size for size, _ in pairs]
-            self._items[part] = [item for _, item in pairs]
+            size_of = self.tokens_of.__getitem__
+            # By index, then stably by size: the (size, item) order without building pairs.
+            items = self._items[part] = sorted(sorted(self.members[part]), key=size_of)
+            sizes = self._sizes[part] = list(map(size_of, items))
         return sizes, self._items[part]
 
     def _take(self, part: int, item: int) -> None:

@@ -134,6 +134,8 @@ def _repair_step(state: _RankedBins, worst: int, excess: int, swap_parts: int = 
                 gain = min(item_size - other_sizes[j], excess)
                 if best is None or gain > best[0]:
                     best = (gain, members[position], other_items[j], other)
+                    if gain >= excess:
+                        break  # a gain is at most the excess: no later swap replaces this one
         if best is not None and best[0] >= excess:
             break
     if best is None:
