@@ -1,4 +1,5 @@
-"""Cap-safe packers: first_fit_partitions, best_fit_decreasing_partitions, split_bins_to_count.
+"""Cap-safe packers: first_fit_partitions, best_fit_decreasing_partitions, split_bins_to_count,
+and the reserving fill (same bins as its item-by-item reference, kept below).
 
 Property tests replay each packer's rule on its own output (so they check the documented
 behaviour, not only validity) and compare counts with an exact optimum on small inputs.
@@ -6,6 +7,7 @@ behaviour, not only validity) and compare counts with an exact optimum on small 
 
 from __future__ import annotations
 
+import bisect
 from functools import lru_cache
 
 import numpy as np
@@ -19,6 +21,7 @@ from seqbal.partition import (
     packing_lower_bound,
     split_bins_to_count,
 )
+from seqbal.partition.packing import _reserving_fill_partitions
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
@@ -221,3 +224,99 @@ def test_property_split_halves_are_balanced(weights):
     left, right = split_bins_to_count([list(range(len(weights)))], weights, 2)
     difference = abs(sum(weights[i] for i in left) - sum(weights[i] for i in right))
     assert difference <= max(weights)  # greedy LPT halves differ by at most one item
+
+
+# ---------------------------------------------------------------------------------------------
+# The reserving fill: the same bins as the item-by-item fill it replaced
+# ---------------------------------------------------------------------------------------------
+
+
+def reserving_fill_one_by_one(sizes, capacity):
+    """The reserving fill as it was before it took runs of one size at once (seqbal 885d4bf):
+    one union-find step per item over the positions of the sorted order. The reference."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = len(sizes)
+    order = np.lexsort((np.arange(n), sizes))
+    size_at = [-1] + sizes[order].tolist()
+    item_at = [-1] + order.tolist()
+    left_of = list(range(n + 1))
+
+    def largest_left(position):
+        while left_of[position] != position:
+            left_of[position] = left_of[left_of[position]]
+            position = left_of[position]
+        return position
+
+    def take(position):
+        left_of[position] = position - 1
+        return item_at[position]
+
+    bins = []
+    smallest = 1
+    for _ in range(n):
+        top = largest_left(n)
+        if top == 0:
+            break
+        room = capacity - size_at[top]
+        members = [take(top)]
+        while True:
+            while smallest <= n and left_of[smallest] != smallest:
+                smallest += 1
+            if smallest > n or size_at[smallest] > room:
+                break
+            position = largest_left(bisect.bisect_right(size_at, room - size_at[smallest]) - 1)
+            last = position <= smallest
+            if last:
+                position = largest_left(bisect.bisect_right(size_at, room) - 1)
+            room -= size_at[position]
+            members.append(take(position))
+            if last:
+                break
+        bins.append(sorted(members))
+    return bins
+
+
+@st.composite
+def repeated_sizes(draw):
+    """Items under a capacity drawn from a few distinct sizes (long runs of one size), zeros and
+    the capacity itself included."""
+    capacity = draw(st.integers(1, 400))
+    distinct = draw(st.lists(st.integers(0, capacity), min_size=1, max_size=8))
+    extremes = draw(st.lists(st.sampled_from([0, capacity, max(capacity // 2, 0), max(capacity // 3, 0)]), max_size=3))
+    pool = distinct + extremes
+    lengths = draw(st.lists(st.sampled_from(pool), max_size=120))
+    return lengths, capacity
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(items_under(), repeated_sizes()))
+def test_property_reserving_fill_matches_one_by_one(case):
+    lengths, capacity = case
+    bins = _reserving_fill_partitions(np.asarray(lengths, dtype=np.int64), capacity)
+    assert bins == reserving_fill_one_by_one(lengths, capacity)
+    assert_valid_packing(lengths, bins, capacity)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reserving_fill_matches_one_by_one_at_scale(seed):
+    """Thousands of items over hundreds of distinct lengths, as real lengths repeat."""
+    rng = np.random.default_rng(seed)
+    capacity = int(rng.choice([64, 1000, 4096, 32768]))
+    n = int(rng.integers(1, 20000))
+    if seed % 2:
+        lengths = np.minimum(rng.lognormal(np.log(capacity / 12), 1.0, n).astype(np.int64), capacity)
+    else:
+        lengths = rng.choice(rng.integers(0, capacity + 1, int(rng.integers(1, 400))), n)
+    bins = _reserving_fill_partitions(lengths, capacity)
+    assert bins == reserving_fill_one_by_one(lengths, capacity)
+    assert_valid_packing(lengths, bins, capacity)
+
+
+def test_reserving_fill_edges():
+    assert _reserving_fill_partitions(np.array([], dtype=np.int64), 5) == []
+    assert _reserving_fill_partitions(np.array([3]), 3) == [[0]]
+    assert _reserving_fill_partitions(np.array([0, 0, 0]), 1) == [[0, 1, 2]]
+    assert _reserving_fill_partitions(np.array([5, 5, 5]), 5) == [[2], [1], [0]]
+    huge = np.array([2**61, 1, 2**62, 2**61, 5], dtype=np.int64)  # sort keys past 2^63: the lexsort
+    assert _reserving_fill_partitions(huge, 2**62) == reserving_fill_one_by_one(huge, 2**62)
+    assert _reserving_fill_partitions(np.array([3, 1, 2], dtype=np.int32), 4) == reserving_fill_one_by_one([3, 1, 2], 4)
