@@ -56,6 +56,10 @@ SLOT_STEPS = 64
 SLOT_BUDGET_PER_SLOT = 64
 
 
+#: The workload of a padding lane of the picked groups: above any group's (a sum of int64 workloads).
+PADDING = np.int64(1) << 62
+
+
 def _some(items: list[int], work: np.ndarray) -> np.ndarray:
     """``items`` (as an int64 array, in their order), or :data:`TRADE_ITEMS` of them at evenly
     spaced workload ranks. O(s log s)."""
@@ -155,7 +159,6 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     # The groups trades look at (:func:`_some`), one row of TRADE_ITEMS per bin, padded: a step
     # gathers its partners' rows in one indexing instead of a list per bin. A bin's row is
     # written again only when a trade changes the bin.
-    lanes = np.arange(TRADE_ITEMS)
     pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
     picked = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))  # how much of each row is real
     small = np.flatnonzero(picked <= TRADE_ITEMS)  # rows that are the whole bin, in its order: at once
@@ -163,14 +166,21 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         flat = np.fromiter(chain.from_iterable(parts[b] for b in small.tolist()), dtype=np.int64)
         first = np.repeat(np.cumsum(picked[small]) - picked[small], picked[small])
         pick[np.repeat(small, picked[small]), np.arange(len(flat)) - first] = flat
+    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
+        items = _some(parts[b], work)
+        pick[b, :len(items)] = items
+        picked[b] = len(items)
+    # The workload of each picked group, the padding past a row's end beyond any bin's (a swap
+    # with it can gain nothing: its bound is negative), so no step masks the padding.
+    pick_work = np.where(np.arange(TRADE_ITEMS)[None, :] < picked[:, None], work[pick], PADDING)
 
     def look_at(b: int) -> None:
         items = _some(parts[b], work)
         pick[b, :len(items)] = items
+        pick_work[b, :len(items)] = work[items]
+        pick_work[b, len(items):] = PADDING
         picked[b] = len(items)
 
-    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
-        look_at(b)
     roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
 
     def trade(s: int) -> bool:
@@ -207,66 +217,67 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
             return False
         h_items = pick[heavy, :picked[heavy]]
         h_work, h_tok = work[h_items], tokens[h_items]
-        # per partner bin: its workload, its slot's maximum, its room for tokens, and what this
-        # slot's maximum is without the heavy bin and it
-        p_value, p_top = bin_work[partners], maxima[slot_of[partners]]
-        p_room = capacity - bin_tokens[partners]
-        rest = np.where(partners == slot[order[1]], third, second)
-        n_in = len(inner)
-
-        # per partner bin: how far it is below the heavy bin, how far the slot's maximum can fall
-        # if the heavy bin and it trade (down to the slot's next bin), how far it is below its
-        # own slot's maximum
-        headroom, fall, space = top - p_value, top - rest, p_top - p_value
-
-        def gains(delta: np.ndarray, ok: np.ndarray, at: np.ndarray, cut: int) -> np.ndarray:
-            # Column c is a trade of ``delta`` workload (> 0 wherever ok) with partner bin at[c].
-            # Columns [:cut]: a bin of this slot, whose new maximum is the largest of the heavy
-            # bin, the partner and the rest; taken if the partner stays below the old maximum.
-            # Columns [cut:]: a bin of another slot, whose maximum rises by what the partner
-            # passes it by; taken if it gains, or at a tie at the top if it rises no maximum.
-            d_in, d_out, inside, outside = delta[:, :cut], delta[:, cut:], at[:cut], at[cut:]
-            gain_in = np.minimum(np.minimum(d_in, headroom[inside] - d_in), fall[inside])
-            keep_in = ok[:, :cut] & (d_in < headroom[inside])
-            over = np.maximum(d_out - space[outside], 0)
-            gain_out = np.minimum(d_out, top - second) - over
-            keep_out = ok[:, cut:] & ((over == 0) if top == second else (gain_out > 0))
-            return np.concatenate((np.where(keep_in, gain_in, big), np.where(keep_out, gain_out, big)), axis=1)
+        n_in, n_partners, rise = len(inner), len(partners), top - second
+        # Every trade's gain, in one formula for both kinds of partner: a trade of ``d`` workload
+        # (d > 0) with partner bin p gains min(d, A[p], B[p] - d), and is taken iff d <= C[p].
+        # A bin of this slot (its new maximum is the largest of the heavy bin, the partner and the
+        # rest; taken if the partner stays below the old maximum): A = fall (top - rest), B =
+        # headroom (top - its workload), C = headroom - 1. A bin of another slot, ``space`` below
+        # its slot's maximum (its maximum rises by what it passes it by): the gain min(d, rise) -
+        # max(d - space, 0) is min(d, min(space, rise), space + rise - d), taken at a tie at the
+        # top (rise = 0) if it lifts no maximum (d <= space), else if it gains (d <= space + rise
+        # - 1, and space > 0). Row 3 is each partner's room for tokens.
+        params = np.empty((4, n_partners), dtype=np.int64)
+        fall, headroom, bound_c, p_room = params
+        headroom[:n_in] = top - bin_work[inner]
+        np.subtract(headroom[:n_in], 1, out=bound_c[:n_in])
+        fall[:n_in] = rise
+        if len(slot) <= SLOT_PARTNERS + 1 and n_in:  # the slot's second bin is a partner: the rest is the third
+            fall[int(order[1]) - (1 if order[0] < order[1] else 0)] = top - third
+        space = room[others]  # kept current by refresh: below the other slot's maximum
+        np.minimum(space, rise, out=fall[n_in:])
+        np.add(space, rise, out=headroom[n_in:])
+        if rise == 0:
+            bound_c[n_in:] = space
+        else:
+            bound_c[n_in:] = np.where(space > 0, space + (rise - 1), -1)
+        np.subtract(capacity, bin_tokens[partners], out=p_room)
 
         best = None  # (gain, delta, kind, i, partner, column)
         if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= int(p_room.max()):
             # a move depends on the partner bin only: one column per partner bin
-            delta = np.broadcast_to(h_work[:, None], (len(h_items), len(partners)))
-            ok = (h_tok[:, None] <= p_room[None, :]) & (delta > 0)
-            score = gains(delta, ok, np.arange(len(partners)), n_in)
+            delta = h_work[:, None]
+            ok = (h_tok[:, None] <= p_room) & (delta > 0) & (delta <= bound_c)
+            score = np.where(ok, np.minimum(np.minimum(delta, fall), headroom - delta), big)
             flat = int(np.argmax(score))
             if score.flat[flat] > big:
-                i, c = divmod(flat, len(partners))
+                i, c = divmod(flat, n_partners)
                 best = (int(score.flat[flat]), int(h_work[i]), 0, i, c, -1)
-        # A swap gains at most its delta, and at most top - max(rest, partner) in this slot or
-        # min(top - second, the partner's room) in another: columns that cannot reach the best
-        # move's gain (or that no heavy group outweighs) cannot win, and are left out, as are
-        # the rows' padding. Columns run partner by partner, ``width`` each.
+        # A swap gains at most its delta, and at most min(A, B) (top - max(rest, partner) in
+        # this slot, min(rise, space) in another): columns that cannot reach the best move's gain
+        # (or that no heavy group outweighs) cannot win, and are left out, as are the rows'
+        # padding. Columns run partner by partner, ``width`` each.
         width = int(picked[partners].max())  # columns per partner: the longest row, not TRADE_ITEMS
-        p_items = pick[partners, :width]
-        p_work = work[p_items]
-        limit = np.where(np.arange(len(partners)) < n_in, np.minimum(fall, headroom), np.minimum(top - second, space))
-        bound = np.where(lanes[None, :width] < picked[partners][:, None], np.minimum(h_work.max() - p_work, limit[:, None]), -1)
+        p_work = pick_work[partners, :width]
+        bound = np.minimum(int(h_work.max()) - p_work, np.minimum(fall, headroom)[:, None])
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
             at = keep // width
-            k_work, k_tok, k_room = p_work.ravel()[keep], tokens[p_items.ravel()[keep]], p_room[at]
-            cut, ceiling = int(np.searchsorted(keep, n_in * width)), int(bound.ravel()[keep].max())
+            p_items = pick[partners, :width]
+            k_work, k_tok = p_work.ravel()[keep], tokens[p_items.ravel()[keep]]
+            k_fall, k_headroom, k_bound, k_room = params[:, at]
+            ceiling = int(bound.max())  # a kept column's bound: kept ones are the largest
+            least_shift = int(bin_tokens[heavy]) - capacity  # the heavy bin's room, negated
             found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
             # Rows in two blocks: no swap gains more than ``ceiling``, so once the first block
             # reaches it the first maximum is there (usually: the block's few lightest groups).
             for rows in (slice(0, SWAP_FIRST_ROWS), slice(SWAP_FIRST_ROWS, None)):
-                delta = h_work[rows, None] - k_work[None, :]
+                delta = h_work[rows, None] - k_work
                 if delta.size == 0:
                     continue
-                shift = h_tok[rows, None] - k_tok[None, :]
-                ok = (delta > 0) & (shift <= k_room[None, :]) & (-shift <= capacity - bin_tokens[heavy])
-                score = gains(delta, ok, at, cut)
+                shift = h_tok[rows, None] - k_tok
+                ok = (delta > 0) & (delta <= k_bound) & (shift <= k_room) & (shift >= least_shift)
+                score = np.where(ok, np.minimum(np.minimum(delta, k_fall), k_headroom - delta), big)
                 flat = int(np.argmax(score))
                 if int(score.flat[flat]) > found[0]:
                     i, c = divmod(flat, len(keep))
