@@ -66,7 +66,7 @@ def _some(items: list[int], work: np.ndarray) -> np.ndarray:
     array = np.asarray(items, dtype=np.int64)
     if len(array) <= TRADE_ITEMS:
         return array
-    ranked = array[np.argsort(work[array], kind="stable")]
+    ranked = array.take(np.argsort(work.take(array), kind="stable"))
     # strictly increasing positions (the step (s - 1) / (TRADE_ITEMS - 1) is at least 1 here)
     return ranked[(np.arange(TRADE_ITEMS) * (len(array) - 1)) // (TRADE_ITEMS - 1)]
 
@@ -177,7 +177,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     def look_at(b: int) -> None:
         items = _some(parts[b], work)
         pick[b, :len(items)] = items
-        pick_work[b, :len(items)] = work[items]
+        pick_work[b, :len(items)] = work.take(items)
         pick_work[b, len(items):] = PADDING
         picked[b] = len(items)
 
@@ -185,7 +185,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
 
     def trade(s: int) -> bool:
         slot = grid[s]
-        values = bin_work[slot]
+        values = bin_work.take(slot)  # take: the fancy index's result, at a fraction of its cost
         order = np.argsort(-values, kind="stable")
         heavy, top = int(slot[order[0]]), int(values[order[0]])
         # ndarray.mean() on ints: a float64 sum divided by the count (the same float, cheaper call)
@@ -195,7 +195,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         third = int(values[order[2]]) if len(slot) > 2 else 0
         # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
         kept = order[1:] if len(slot) <= SLOT_PARTNERS + 1 else order[::-1][:SLOT_PARTNERS]
-        inner = slot[np.sort(kept)]
+        inner = slot.take(np.sort(kept))
         # The SLOT_PARTNERS roomiest bins of other slots, ties by index: every bin at or above the
         # (SLOT_PARTNERS + this slot's size)-th largest room, less this slot's, then sorted. O(t).
         # That is the first SLOT_PARTNERS of the other slots' bins with room, whatever this slot's
@@ -216,7 +216,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         if not len(partners):
             return False
         h_items = pick[heavy, :picked[heavy]]
-        h_work, h_tok = work[h_items], tokens[h_items]
+        h_work, h_tok = work.take(h_items), tokens.take(h_items)
         n_in, n_partners, rise = len(inner), len(partners), top - second
         # Every trade's gain, in one formula for both kinds of partner: a trade of ``d`` workload
         # (d > 0) with partner bin p gains min(d, A[p], B[p] - d), and is taken iff d <= C[p].
@@ -228,20 +228,20 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         # top (rise = 0) if it lifts no maximum (d <= space), else if it gains (d <= space + rise
         # - 1, and space > 0). Row 3 is each partner's room for tokens.
         params = np.empty((4, n_partners), dtype=np.int64)
-        fall, headroom, bound_c, p_room = params
-        headroom[:n_in] = top - bin_work[inner]
+        fall, headroom, bound_c, p_room = params[0], params[1], params[2], params[3]
+        headroom[:n_in] = top - bin_work.take(inner)
         np.subtract(headroom[:n_in], 1, out=bound_c[:n_in])
         fall[:n_in] = rise
         if len(slot) <= SLOT_PARTNERS + 1 and n_in:  # the slot's second bin is a partner: the rest is the third
             fall[int(order[1]) - (1 if order[0] < order[1] else 0)] = top - third
-        space = room[others]  # kept current by refresh: below the other slot's maximum
+        space = room.take(others)  # kept current by refresh: below the other slot's maximum
         np.minimum(space, rise, out=fall[n_in:])
         np.add(space, rise, out=headroom[n_in:])
         if rise == 0:
             bound_c[n_in:] = space
         else:
             bound_c[n_in:] = np.where(space > 0, space + (rise - 1), -1)
-        np.subtract(capacity, bin_tokens[partners], out=p_room)
+        np.subtract(capacity, bin_tokens.take(partners), out=p_room)
 
         best = None  # (gain, delta, kind, i, partner, column)
         if len(parts[heavy]) > 1 and moves and int(h_tok.min()) <= int(p_room.max()):
@@ -256,16 +256,15 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         # A swap gains at most its delta, and at most min(A, B) (top - max(rest, partner) in
         # this slot, min(rise, space) in another): columns that cannot reach the best move's gain
         # (or that no heavy group outweighs) cannot win, and are left out, as are the rows'
-        # padding. Columns run partner by partner, ``width`` each.
-        width = int(picked[partners].max())  # columns per partner: the longest row, not TRADE_ITEMS
-        p_work = pick_work[partners, :width]
+        # padding (priced out by its workload). Columns run partner by partner, TRADE_ITEMS each.
+        p_work = pick_work.take(partners, axis=0)
         bound = np.minimum(int(h_work.max()) - p_work, np.minimum(fall, headroom)[:, None])
         keep = np.flatnonzero(bound >= (best[0] if best is not None else 0))
         if len(keep):
-            at = keep // width
-            p_items = pick[partners, :width]
-            k_work, k_tok = p_work.ravel()[keep], tokens[p_items.ravel()[keep]]
-            k_fall, k_headroom, k_bound, k_room = params[:, at]
+            at = keep // TRADE_ITEMS
+            p_items = pick.take(partners, axis=0)
+            k_work, k_tok = p_work.ravel().take(keep), tokens.take(p_items.ravel().take(keep))
+            k_fall, k_headroom, k_bound, k_room = params.take(at, axis=1)
             ceiling = int(bound.max())  # a kept column's bound: kept ones are the largest
             least_shift = int(bin_tokens[heavy]) - capacity  # the heavy bin's room, negated
             found = (big, -1, -1)  # (score, row, column): the first maximum in row-major order
@@ -307,8 +306,10 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         return True
 
     def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
-        maxima[s] = bin_work[grid[s]].max()
-        room[grid[s]] = maxima[s] - bin_work[grid[s]]
+        values = bin_work.take(grid[s])
+        top = values.max()
+        maxima[s] = top
+        room.put(grid[s], top - values)
 
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
