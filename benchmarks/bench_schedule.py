@@ -25,6 +25,12 @@ Run from the repository root::
     python benchmarks/bench_schedule.py            # prints the Markdown tables
     python benchmarks/bench_schedule.py --quick    # fewer batches, for a smoke run
     python benchmarks/bench_schedule.py --planning-cost [--rounds 5] [--json out.json]
+    python benchmarks/bench_schedule.py --planning-cost --ref ../other-checkout   # side by side
+
+With ``--ref`` the planning-cost mode also times another checkout's ``build_dp_schedule`` (its
+package imported as ``seqbal_ref``, as ``benchmarks/planning_ab.py`` does) in the same rounds,
+the two calls in alternating order, and checks that both return the same schedule: two runs of
+the plain mode, one per tree, differ by 20-30% with the machine's load alone.
 
 Real length lists are read from ``$SEQBAL_LENGTHS_DIR``, else ``<repo>/../shared/data/lengths``
 or ``<repo>/../../shared/data/lengths``; rows for them are skipped if none is found.
@@ -242,10 +248,12 @@ def packers(names: list[str], caps: dict[str, int], count: int, batch: int) -> l
 
 
 def planning_cost(
-    names: list[str], caps: list[int], n: int, dp: int, rounds: int, json_path: Optional[str] = None
+    names: list[str], caps: list[int], n: int, dp: int, rounds: int, json_path: Optional[str] = None,
+    reference: Optional[Callable[..., object]] = None,
 ) -> list[str]:
     """``build_dp_schedule`` on ``n`` samples over ``dp`` ranks, in plain BFD passes (see the module
-    docstring); one row per workload and cap."""
+    docstring); one row per workload and cap. ``reference``: another tree's ``build_dp_schedule``,
+    timed in the same rounds (order alternating) and checked to return the same schedule."""
     import gc
     import json
     import statistics
@@ -263,22 +271,32 @@ def planning_cost(
             lengths, groups = large_batch(name, cap, n)
             cases.append((name, cap, lengths, groups.tolist() if keep else None))
     times: dict[tuple[str, int], list[tuple[float, float]]] = {(c[0], c[1]): [] for c in cases}
-    results = {}
-    for _ in range(rounds):  # interleaved, so a burst of load hits one round of every case
+    ref_times: dict[tuple[str, int], list[float]] = {(c[0], c[1]): [] for c in cases}
+    results, same = {}, {}
+    for round_index in range(rounds):  # interleaved, so a burst of load hits one round of every case
         for name, cap, lengths, group_ids in cases:
             bfd = cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
-            schedule = None
+            built = {}
 
-            def build() -> None:
-                nonlocal schedule
-                schedule = build_dp_schedule(lengths, dp, cap, group_ids=group_ids)
+            def build(which: str) -> Callable[[], None]:
+                function = build_dp_schedule if which == "this" else reference
+                return lambda: built.__setitem__(which, function(lengths, dp, cap, group_ids=group_ids))
 
-            times[(name, cap)].append((bfd, cpu(build)))
-            results[(name, cap)] = schedule
+            order = ["this"] if reference is None else ["this", "ref"] if round_index % 2 == 0 else ["ref", "this"]
+            seconds = {which: cpu(build(which)) for which in order}
+            times[(name, cap)].append((bfd, seconds["this"]))
+            results[(name, cap)] = built["this"]
+            if reference is not None:
+                ref_times[(name, cap)].append(seconds["ref"])
+                same[(name, cap)] = all(
+                    getattr(built["this"], field) == getattr(built["ref"], field)
+                    for field in ("micro_batches", "rank_indices", "num_micro_batches")
+                )
+    extra = " ref, BFD passes (median) | this / ref (median) | same schedule |" if reference is not None else ""
     rows = [
         "| workload | samples | ranks | cap | micro-batches per rank | step efficiency per micro-batch / per step "
-        "| BFD pass ms | build_dp_schedule ms | BFD passes (median) | worst round |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| BFD pass ms | build_dp_schedule ms | BFD passes (median) | worst round |" + extra,
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if reference is not None else ""),
     ]
     records = []
     for name, cap, lengths, _ in cases:
@@ -286,16 +304,27 @@ def planning_cost(
         ratios = [plan / bfd for bfd, plan in pairs]
         schedule = results[(name, cap)]
         efficiency = schedule.step_efficiency()
-        records.append(dict(
+        record = dict(
             workload=name, n=n, dp=dp, cap=cap, count=schedule.num_micro_batches, per_micro_batch=efficiency["per_micro_batch"],
             per_step=efficiency["per_step"], bfd_s=min(b for b, _ in pairs), schedule_s=min(p for _, p in pairs),
             ratio_median=statistics.median(ratios), ratio_worst=max(ratios),
-        ))
-        rows.append(
+        )
+        row = (
             f"| {name} | {n} | {dp} | {cap} | {schedule.num_micro_batches} | {efficiency['per_micro_batch']:.6f} / "
             f"{efficiency['per_step']:.6f} | {1e3 * min(b for b, _ in pairs):.0f} | {1e3 * min(p for _, p in pairs):.0f} "
             f"| {statistics.median(ratios):.1f}x | {max(ratios):.1f}x |"
         )
+        if reference is not None:
+            reference_s = ref_times[(name, cap)]
+            record.update(
+                ref_ratio_median=statistics.median(r / b for r, (b, _) in zip(reference_s, pairs)),
+                this_over_ref=statistics.median(p / r for r, (_, p) in zip(reference_s, pairs)),
+                same_schedule=same[(name, cap)],
+            )
+            row += (f" {record['ref_ratio_median']:.1f}x | {record['this_over_ref']:.2f} | "
+                    f"{'yes' if record['same_schedule'] else 'differs'} |")
+        records.append(record)
+        rows.append(row)
     if json_path:
         Path(json_path).write_text(json.dumps(records, indent=1))
     return rows
@@ -315,6 +344,8 @@ def main() -> None:
     parser.add_argument("--caps", type=int, nargs="*", default=[16384, 32768], help="--planning-cost: caps")
     parser.add_argument("--rounds", type=int, default=5, help="--planning-cost: interleaved rounds (median reported)")
     parser.add_argument("--json", help="--planning-cost: also write every row to this JSON file")
+    parser.add_argument("--ref", type=Path,
+                        help="--planning-cost: another checkout whose build_dp_schedule is timed side by side")
     args = parser.parse_args()
     count = 3 if args.quick else 20
     generated = list(GENERATED)
@@ -332,7 +363,12 @@ def main() -> None:
         print(f"<!-- python benchmarks/bench_schedule.py --planning-cost --rounds {args.rounds}: python "
               f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} -->\n")
         names += [family + WORKLOADS for family in WORKLOAD_FAMILIES]
-        print("\n".join(planning_cost(names, args.caps, args.n, args.dp, args.rounds, args.json)))
+        reference = None
+        if args.ref is not None:
+            from benchmarks.planning_ab import load_reference_module
+
+            reference = load_reference_module(args.ref.resolve(), "schedule").build_dp_schedule
+        print("\n".join(planning_cost(names, args.caps, args.n, args.dp, args.rounds, args.json, reference)))
         return
     print(f"<!-- python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
           f"up to {count} batches per workload -->\n")

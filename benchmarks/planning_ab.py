@@ -35,12 +35,19 @@ from benchmarks import workloads  # noqa: E402
 from seqbal import best_fit_decreasing_partitions, plan_micro_batches  # noqa: E402
 
 
+def load_reference_module(tree: Path, module: str):
+    """``seqbal.<module>`` of the checkout at ``tree``, its package imported as ``seqbal_ref``
+    (copied once per process)."""
+    if "seqbal_ref" not in sys.modules:
+        folder = Path(tempfile.mkdtemp(prefix="seqbal-ab-"))
+        shutil.copytree(tree / "seqbal", folder / "seqbal_ref", ignore=shutil.ignore_patterns("__pycache__"))
+        sys.path.insert(0, str(folder))
+    return importlib.import_module(f"seqbal_ref.{module}")
+
+
 def load_reference(tree: Path):
     """``plan_micro_batches`` of the checkout at ``tree``, imported as ``seqbal_ref``."""
-    folder = Path(tempfile.mkdtemp(prefix="seqbal-ab-"))
-    shutil.copytree(tree / "seqbal", folder / "seqbal_ref", ignore=shutil.ignore_patterns("__pycache__"))
-    sys.path.insert(0, str(folder))
-    return importlib.import_module("seqbal_ref.plan.entry").plan_micro_batches
+    return load_reference_module(tree, "plan.entry").plan_micro_batches
 
 
 def cpu_seconds(fn, reps: int) -> float:

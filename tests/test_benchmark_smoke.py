@@ -110,6 +110,33 @@ def test_schedule_planning_cost_mode_runs(tmp_path):
     assert all(r["count"] >= 1 and 0 < r["per_micro_batch"] <= 1 and r["ratio_median"] > 0 for r in records)
 
 
+def test_schedule_planning_cost_side_by_side_compares_schedules(tmp_path):
+    """``--ref``: the other tree's build_dp_schedule is timed in the same rounds and its schedule
+    compared; the tree against itself reads the same, a reference that orders slots otherwise
+    reads ``differs``."""
+    import json
+    from pathlib import Path
+
+    from benchmarks import bench_schedule
+    from benchmarks.planning_ab import load_reference_module
+    from seqbal import build_dp_schedule
+
+    tree = Path(__file__).resolve().parent.parent
+    names = ["Pareto tail", "grpo_groups" + bench_schedule.WORKLOADS]
+    itself = load_reference_module(tree, "schedule").build_dp_schedule
+    lines = bench_schedule.planning_cost(names, [8192], n=512, dp=4, rounds=2, json_path=str(tmp_path / "a.json"),
+                                         reference=itself)
+    assert all(line.endswith("| yes |") for line in lines[2:])
+    records = json.loads((tmp_path / "a.json").read_text())
+    assert all(r["same_schedule"] and r["this_over_ref"] > 0 and r["ref_ratio_median"] > 0 for r in records)
+
+    def other(lengths, dp, cap, group_ids=None):
+        return build_dp_schedule(lengths, dp, cap, group_ids=group_ids, use_dynamic_bsz_balance=False)
+
+    lines = bench_schedule.planning_cost(names[:1], [8192], n=512, dp=4, rounds=1, reference=other)
+    assert lines[2].endswith("| differs |")
+
+
 def test_exact_counts_harness_runs(capsys):
     from benchmarks import exact_counts
 
