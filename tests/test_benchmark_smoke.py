@@ -79,9 +79,10 @@ def test_planning_cost_harness_runs_and_compares(tmp_path, capsys):
 def test_planning_ab_harness_compares_a_tree_with_itself(capsys):
     from pathlib import Path
 
+    import seqbal
     from benchmarks import planning_ab
 
-    tree = Path(__file__).resolve().parent.parent
+    tree = Path(seqbal.__file__).resolve().parent.parent  # the imported package's folder: CI runs the wheel
     assert planning_ab.main(["--ref", str(tree), "--cases", "uniform:64:4096", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "same plan" in out and "plans differ in 0" in out
@@ -119,9 +120,10 @@ def test_schedule_planning_cost_side_by_side_compares_schedules(tmp_path):
 
     from benchmarks import bench_schedule
     from benchmarks.planning_ab import load_reference_module
+    import seqbal
     from seqbal import build_dp_schedule
 
-    tree = Path(__file__).resolve().parent.parent
+    tree = Path(seqbal.__file__).resolve().parent.parent  # the imported package's folder: CI runs the wheel
     names = ["Pareto tail", "grpo_groups" + bench_schedule.WORKLOADS]
     itself = load_reference_module(tree, "schedule").build_dp_schedule
     lines = bench_schedule.planning_cost(names, [8192], n=512, dp=4, rounds=2, json_path=str(tmp_path / "a.json"),
