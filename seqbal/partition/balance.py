@@ -16,13 +16,12 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, int_argument
-from .bins import PYTHON_SUMS_ITEMS, _sums
+from .bins import _sums
 from .feasibility import _fit_in, _Try
 from .greedy import _capped_greedy
 from .kk import CHUNKED_KK_MIN_ITEMS, _balanced_parts
 from .local_search import _rebalance, _repair
 from .packing import split_bins_to_count
-from .parts import _within
 
 # Tuning: which balance runs at which count, and how far the polish goes.
 
@@ -94,14 +93,6 @@ def capped_balanced_partitions(
     return _balance_at(size, work, capacity, k, feasible)
 
 
-def _fits(parts: list[list[int]], size: np.ndarray, capacity: int) -> bool:
-    """Whether every part is within ``capacity`` tokens (:func:`seqbal.partition.parts._within`),
-    summed in the interpreter up to :data:`~seqbal.partition.bins.PYTHON_SUMS_ITEMS` items. O(n)."""
-    if len(size) <= PYTHON_SUMS_ITEMS:
-        return max(_sums(size, size.tolist(), parts), default=0) <= capacity
-    return _within(parts, size, capacity)
-
-
 def _balance_at(
     size: np.ndarray,
     work: np.ndarray,
@@ -131,7 +122,7 @@ def _balance_at(
     reuse = balanced_start is not None and n >= CHUNKED_KK_MIN_ITEMS
     if _has_slack(n, k):
         parts = None if reuse and found_by.repaired else _balanced_parts(work, k)
-        if parts is not None and _fits(parts, size, capacity):
+        if parts is not None and max(_sums(size, parts), default=0) <= capacity:
             if n < CHUNKED_KK_MIN_ITEMS:
                 return parts  # item-level KK
             return _rebalance(parts, size, work, capacity, close_enough=polish)

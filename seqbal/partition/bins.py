@@ -36,10 +36,12 @@ def _rank_position(keys: list[int], items: list[int], key: int, item: int) -> in
 PYTHON_SUMS_ITEMS = 256
 
 
-def _sums(values: np.ndarray, value_list: list[int], members: list[list[int]]) -> list[int]:
-    """Exact sum of ``values`` over each part (``value_list`` is ``values.tolist()``). O(n)."""
-    if len(value_list) <= PYTHON_SUMS_ITEMS:
-        get = value_list.__getitem__
+def _sums(values: np.ndarray, members: Sequence[Sequence[int]], value_list: Optional[list[int]] = None) -> list[int]:
+    """Exact sum of ``values`` (int64) over each part, as Python ints: added in the interpreter
+    up to :data:`PYTHON_SUMS_ITEMS` items (from ``value_list``, ``values.tolist()``, where the
+    caller keeps one), else one NumPy pass. O(n)."""
+    if len(values) <= PYTHON_SUMS_ITEMS:
+        get = (values.tolist() if value_list is None else value_list).__getitem__
         return [sum(map(get, part)) for part in members]
     return _part_sums(values, members).tolist()
 
@@ -153,11 +155,11 @@ class _Bins:
         self.capacity = capacity
         self.members: list[list[int]] = [list(p) for p in parts]
         self.tokens: list[int] = (
-            list(token_sums) if token_sums is not None else _sums(tokens, self.tokens_of, self.members))
+            list(token_sums) if token_sums is not None else _sums(tokens, self.members, self.tokens_of))
         if work_sums is not None:
             self.work: list[int] = list(work_sums)
         else:
-            self.work = self.tokens.copy() if workloads is tokens else _sums(workloads, self.work_of, self.members)
+            self.work = self.tokens.copy() if workloads is tokens else _sums(workloads, self.members, self.work_of)
         # Keyed (room, -part): the end of the list is the most room, lowest part first among equal
         # rooms, the order of a stable sort by descending room (which the repair's swaps follow).
         # Each search keeps only the order it reads: the repair by room, the rebalance by workload.
@@ -172,16 +174,14 @@ class _Bins:
         return list(zip([self.capacity - t for t in self.tokens], range(0, -len(self.tokens), -1)))
 
     def _add(self, part: int, tokens: int, work: int) -> None:
+        before_tokens, before_work = self.tokens[part], self.work[part]
+        self.tokens[part] = before_tokens + tokens
+        self.work[part] = before_work + work
         if self.by_room is not None:
-            self.by_room.remove((self.capacity - self.tokens[part], -part))
-        self.tokens[part] += tokens
-        if self.by_room is not None:
-            self.by_room.add((self.capacity - self.tokens[part], -part))
+            room = self.capacity - before_tokens
+            self.by_room.replace((room, -part), (room - tokens, -part))
         if self.by_work is not None:
-            self.by_work.remove((self.work[part], part))
-        self.work[part] += work
-        if self.by_work is not None:
-            self.by_work.add((self.work[part], part))
+            self.by_work.replace((before_work, part), (before_work + work, part))
 
     def room(self, part: int) -> int:
         return self.capacity - self.tokens[part]
@@ -244,23 +244,10 @@ class _Bins:
         members_b.append(item_a)
         members_b.remove(item_b)
         members_a.append(item_b)
-        tokens = tokens_of[item_b] - tokens_of[item_a]
-        work = work_of[item_b] - work_of[item_a]
-        if self.by_room is not None:
-            self._add(bin_a, tokens, work)
-            self._add(bin_b, -tokens, -work)
-            return
-        # The rebalance's bins (by workload only): the two parts' sums and keys updated in line,
-        # the same updates as two _add calls (a swap is most of a rebalance step's cost).
-        self.tokens[bin_a] += tokens
-        self.tokens[bin_b] -= tokens
-        by_work, sums = self.by_work, self.work
-        before = sums[bin_a]
-        sums[bin_a] = before + work
-        by_work.replace((before, bin_a), (before + work, bin_a))
-        before = sums[bin_b]
-        sums[bin_b] = before - work
-        by_work.replace((before, bin_b), (before - work, bin_b))
+        tokens = self.tokens_of[item_b] - self.tokens_of[item_a]
+        work = self.work_of[item_b] - self.work_of[item_a]
+        self._add(bin_a, tokens, work)
+        self._add(bin_b, -tokens, -work)
 
     def result(self) -> list[list[int]]:
         return [sorted(p) for p in self.members]
@@ -325,17 +312,10 @@ class _RankedBins(_Bins):
         self._add(target, self.tokens_of[item], 0)
 
     def swap(self, item_a: int, bin_a: int, item_b: int, bin_b: int) -> None:
-        # _take and _put of both parts in line (the repair's step is mostly swaps).
-        size_a, size_b = self.tokens_of[item_a], self.tokens_of[item_b]
-        for part, out, out_size, into, into_size in ((bin_a, item_a, size_a, item_b, size_b),
-                                                     (bin_b, item_b, size_b, item_a, size_a)):
-            sizes, items = self.ranked(part)
-            position = _rank_position(sizes, items, out_size, out)
-            del sizes[position], items[position]
-            position = _rank_position(sizes, items, into_size, into)
-            sizes.insert(position, into_size)
-            items.insert(position, into)
-        shift = size_b - size_a
+        for part, out, into in ((bin_a, item_a, item_b), (bin_b, item_b, item_a)):
+            self._take(part, out)
+            self._put(part, into)
+        shift = self.tokens_of[item_b] - self.tokens_of[item_a]
         self._add(bin_a, shift, 0)
         self._add(bin_b, -shift, 0)
 

@@ -80,7 +80,7 @@ def _fit_in(
         if not all(parts):
             continue
         if token_list is not None:
-            sums = _sums(tokens, token_list, parts)
+            sums = _sums(tokens, parts, token_list)
             over = sum(total > capacity for total in sums)
         else:
             array = _part_sums(tokens, parts)

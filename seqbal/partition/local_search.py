@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..validation import IntSequence, as_int_array, check_capacity, exact_total
-from .bins import PYTHON_SUMS_ITEMS, _Bins, _RankedBins, _sums
-from .parts import _part_sums, ceildiv
+from .bins import _Bins, _RankedBins, _sums
+from .parts import ceildiv
 
 # Tuning: how wide each step of the repair and the rebalance looks.
 
@@ -205,7 +205,7 @@ def _rebalance(
         return []
     bound = max(ceildiv(exact_total(work), len(parts)), int(work.max()) if work.size else 0)
     stop = bound * (1 + close_enough)
-    part_work = _sums(work, work.tolist(), parts) if len(work) <= PYTHON_SUMS_ITEMS else _part_sums(work, parts).tolist()
+    part_work = _sums(work, parts)
     if max(part_work) <= stop:  # already close enough: no sorted parts to build
         return [sorted(part) for part in parts]
     state = _Bins(parts, size, work, capacity, by_work=True, work_sums=part_work)

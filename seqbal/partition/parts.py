@@ -78,10 +78,6 @@ def _groups_from_assignment(assignment: np.ndarray, k: int) -> list[list[int]]:
     return [order_list[bounds[i]:bounds[i + 1]] for i in range(k)]
 
 
-def _within(parts: Sequence[Sequence[int]], tokens: np.ndarray, capacity: int) -> bool:
-    return bool((_part_sums(tokens, parts) <= capacity).all())
-
-
 def _descending(values: np.ndarray) -> list[int]:
     """Item indices by descending value, ascending index among equal values. O(n log n)."""
     return np.lexsort((np.arange(len(values)), -values)).tolist()

@@ -12,7 +12,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..partition.bins import PYTHON_SUMS_ITEMS, _sums
+from ..partition.bins import _sums
 from ..partition.parts import _part_sums
 from ..validation import int_argument
 from .arguments import _lengths_array
@@ -61,10 +61,8 @@ def order_for_pipeline(parts: list[list[int]], workloads: np.ndarray) -> list[li
     light micro-batches at the ends shorten pipeline warm-up and cool-down bubbles. O(k log k).
     """
     values = np.asarray(workloads)
-    if values.dtype.kind in "iu":
-        values = values.astype(np.int64)  # sums as .sum() would form them
-        if len(values) <= PYTHON_SUMS_ITEMS:  # a few parts: NumPy's fixed cost is most of a pass
-            return _pipeline_order(parts, _sums(values, values.tolist(), parts))
+    if values.dtype.kind in "iu":  # int64 sums as .sum() would form them, small ones in the interpreter
+        return _pipeline_order(parts, _sums(values.astype(np.int64), parts))
     return _pipeline_order(parts, _part_sums(values, parts).tolist())  # one NumPy pass
 
 
