@@ -159,20 +159,11 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     # The groups trades look at (:func:`_some`), one row of TRADE_ITEMS per bin, padded: a step
     # gathers its partners' rows in one indexing instead of a list per bin. A bin's row is
     # written again only when a trade changes the bin.
+    # ``pick_work``: the workload of each picked group, the padding past a row's end beyond any
+    # bin's (a swap with it can gain nothing: its bound is negative), so no step masks the padding.
     pick = np.zeros((len(parts), TRADE_ITEMS), dtype=np.int64)
+    pick_work = np.empty((len(parts), TRADE_ITEMS), dtype=np.int64)
     picked = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))  # how much of each row is real
-    small = np.flatnonzero(picked <= TRADE_ITEMS)  # rows that are the whole bin, in its order: at once
-    if len(small):
-        flat = np.fromiter(chain.from_iterable(parts[b] for b in small.tolist()), dtype=np.int64)
-        first = np.repeat(np.cumsum(picked[small]) - picked[small], picked[small])
-        pick[np.repeat(small, picked[small]), np.arange(len(flat)) - first] = flat
-    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
-        items = _some(parts[b], work)
-        pick[b, :len(items)] = items
-        picked[b] = len(items)
-    # The workload of each picked group, the padding past a row's end beyond any bin's (a swap
-    # with it can gain nothing: its bound is negative), so no step masks the padding.
-    pick_work = np.where(np.arange(TRADE_ITEMS)[None, :] < picked[:, None], work[pick], PADDING)
 
     def look_at(b: int) -> None:
         items = _some(parts[b], work)
@@ -180,6 +171,16 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         pick_work[b, :len(items)] = work.take(items)
         pick_work[b, len(items):] = PADDING
         picked[b] = len(items)
+
+    small = np.flatnonzero(picked <= TRADE_ITEMS)  # rows that are the whole bin, in its order: at once
+    if len(small):
+        flat = np.fromiter(chain.from_iterable(parts[b] for b in small.tolist()), dtype=np.int64)
+        first = np.repeat(np.cumsum(picked[small]) - picked[small], picked[small])
+        pick[np.repeat(small, picked[small]), np.arange(len(flat)) - first] = flat
+        real = np.arange(TRADE_ITEMS)[None, :] < picked[small][:, None]
+        pick_work[small] = np.where(real, work[pick[small]], PADDING)
+    for b in np.flatnonzero(picked > TRADE_ITEMS).tolist():
+        look_at(b)
 
     roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
 
