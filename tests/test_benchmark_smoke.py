@@ -169,3 +169,23 @@ def test_sample_cap_benchmark_smoke(capsys):
     assert len(table) == 2 + 2
     row = sample_cap.run_case("lognormal", 256, 4096, 4, 1)
     assert row["count"] >= row["bound"] >= -(-256 // 4)
+
+
+def test_prove_count_decides_small_packings():
+    """The proof script behind docs/benchmarks_method.md's named proof case: exact on inputs
+    whose answer is known by hand (skipped where OR-Tools is not installed: it is no dependency)."""
+    pytest.importorskip("ortools")
+    from benchmarks.prove_count import case_items, fits_in
+
+    # 7 and 6 are above half the cap, so they sit apart; 5 fits in neither hole (3 and 4).
+    assert fits_in([7, 6, 5, 2], 10, 2)[0] == "INFEASIBLE"
+    # three large items for two micro-batches: decided before any search
+    assert fits_in([6, 6, 6], 10, 2) == ("INFEASIBLE", None)
+    # seqbal/partition/exact.py's example: 4 parts of 118 exist (no heuristic try finds them)
+    items = [39, 42, 39, 42, 36, 39, 44, 40, 41, 44, 35]
+    status, where = fits_in(items, 118, 4)
+    assert status == "FEASIBLE"
+    assert sorted(set(where)) == [0, 1, 2, 3]
+    assert all(sum(s for s, b in zip(items, where) if b == part) <= 118 for part in range(4))
+    # forced groups are summed into one packing item each
+    assert len(case_items("grpo_groups", 64, 4096)) < 64
