@@ -235,8 +235,11 @@ def build_dp_schedule(
         f"({count} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
         f"to at least {int(measured.max())} or truncate those samples"
     ))
-    group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
-    group_work = _part_sums(work, groups)
+    if len(groups) == len(array):  # a group per sample, in sample order: the sums are the values
+        group_tokens, group_work = measured.astype(np.int64), work.astype(np.int64)
+    else:
+        group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
+        group_work = _part_sums(work, groups)
     group_costs = group_tokens
     if cost.padded:  # a group costs its samples x its longest; only the padded route needs these
         group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))

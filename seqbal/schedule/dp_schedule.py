@@ -179,7 +179,10 @@ def _schedule_of(
 ) -> DPSchedule:
     """The DPSchedule of micro-batches ``parts`` (group indices) laid out as ``grid``
     (``grid[s][r]``: the part rank ``r`` runs in slot ``s``), slots in :func:`_slot_order`."""
-    micro = [sorted(i for g in part for i in groups[g]) for part in parts]
+    if len(groups) == len(array):  # a group per sample, in sample order (see _groups): group g is sample g
+        micro = [sorted(part) for part in parts]
+    else:
+        micro = [sorted(i for g in part for i in groups[g]) for part in parts]
     order = _slot_order(grid, bin_work, pipeline)
     per_rank = [tuple(tuple(micro[grid[s][r]]) for s in order) for r in range(dp_size)]
     per_rank.sort(key=lambda r: min(mb[0] for mb in r))  # rank 0 holds sample 0: stable across ties
