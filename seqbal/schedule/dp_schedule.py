@@ -9,6 +9,7 @@ route built it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -191,7 +192,7 @@ def _schedule_of(
         max_token_len=max_token_len,
         num_micro_batches=len(parts) // dp_size,
         micro_batches=tuple(per_rank),
-        rank_indices=tuple(tuple(i for mb in r for i in mb) for r in per_rank),
+        rank_indices=tuple(tuple(chain.from_iterable(r)) for r in per_rank),
         lengths=tuple(array.tolist()),
         workloads=tuple(work.tolist()),
     )
