@@ -328,11 +328,17 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
+
+    def steps_of(s: int) -> int:  # trades of slot s per pass, at most: 4 per group, plus 16
+        if 4 * len(grid[s]) + 16 >= SLOT_STEPS:  # no bin is ever empty: no need to count the groups
+            return SLOT_STEPS
+        return min(4 * sum(len(parts[b]) for b in grid[s].tolist()) + 16, SLOT_STEPS)
+
     for _ in range(SLOT_PASSES):
         excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
         changed = False
         for s in sorted(range(len(grid)), key=lambda s: (-excess[s], s)):
-            for _ in range(min(4 * sum(len(parts[b]) for b in grid[s]) + 16, SLOT_STEPS)):
+            for _ in range(steps_of(s)):
                 budget -= 1
                 if budget < 0 or not trade(s):
                     break
