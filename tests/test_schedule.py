@@ -269,6 +269,25 @@ def test_property_never_more_than_the_per_rank_route(dp_size, per_rank, cap, dat
     assert schedule.num_micro_batches <= route
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 10), st.integers(20, 200), st.integers(1, 12), st.data())
+def test_per_rank_candidate_stops_only_where_the_route_has_more_than_its_limit(dp_size, per_rank, cap, limit, data):
+    # build_dp_schedule asks for the per-rank route only up to a count it could use: a limited
+    # search returns the same partition, or None where the full one needs more per rank
+    from seqbal.schedule.build import _per_rank_candidate
+    from seqbal.workload import calculate_workload
+
+    n = dp_size * per_rank
+    tokens = np.asarray(data.draw(st.lists(st.integers(1, cap), min_size=n, max_size=n)), dtype=np.int64)
+    work = np.asarray(calculate_workload(tokens), dtype=np.int64)
+    full = _per_rank_candidate(tokens, work, cap, dp_size, 1, 1)
+    limited = _per_rank_candidate(tokens, work, cap, dp_size, 1, 1, limit=limit)
+    if full is not None and len(full) <= limit * dp_size:
+        assert limited == full
+    else:
+        assert limited is None
+
+
 # ---------------------------------------------------------------------------------------------
 # balance_batch and get_group_balanced_partitions
 # ---------------------------------------------------------------------------------------------

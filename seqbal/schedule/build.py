@@ -51,13 +51,15 @@ FEW_SLOTS_MAX_GROUPS = 4096
 
 
 def _per_rank_candidate(
-    tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int, divisor: int, min_count: int
+    tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int, divisor: int, min_count: int,
+    limit: Optional[int] = None,
 ) -> Optional[list[list[int]]]:
     """The per-rank route as one global partition: KK split of the groups over ranks (equal
     counts when they divide), each share at its smallest feasible count (a multiple of
     ``divisor``, ``>= min_count``), every share then split up to the largest of those counts.
-    ``None`` if some share cannot reach that count. Cost: ``dp_size`` capped searches on
-    ``g / dp_size`` groups each.
+    ``None`` if some share cannot reach that count, or needs more than ``limit`` micro-batches
+    (the caller has no use for the route then: it stops at that share instead of searching
+    the others). Cost: up to ``dp_size`` capped searches on ``g / dp_size`` groups each.
     """
     g = len(tokens)
     if g < dp_size:
@@ -67,7 +69,7 @@ def _per_rank_candidate(
     for share in shares:
         index = np.asarray(share, dtype=np.int64)
         k, parts = smallest_feasible_partitions(tokens[index], work[index], capacity, min_count=min_count, step=divisor)
-        if parts is None:
+        if parts is None or (limit is not None and k > limit):
             return None
         plans.append((index, k, parts))
     count = max(k for _, k, _ in plans)
@@ -233,8 +235,11 @@ def build_dp_schedule(
         f"({count} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
         f"to at least {int(measured.max())} or truncate those samples"
     ))
-    group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
-    group_work = _part_sums(work, groups)
+    if len(groups) == len(array):  # a group per sample, in sample order: the sums are the values
+        group_tokens, group_work = measured.astype(np.int64), work.astype(np.int64)
+    else:
+        group_tokens = _part_sums(measured, groups)  # one NumPy pass each (exact: the guard above)
+        group_work = _part_sums(work, groups)
     group_costs = group_tokens
     if cost.padded:  # a group costs its samples x its longest; only the padded route needs these
         group_sizes = np.fromiter(map(len, groups), dtype=np.int64, count=len(groups))
@@ -282,8 +287,10 @@ def build_dp_schedule(
     if (parts is None or count > bound) and dp_size > 1:
         # Not provably optimal: the per-rank route (split, then pack each share) is a candidate
         # too, so the schedule never needs more micro-batches per rank than that route.
+        # (it replaces ``parts`` only with fewer micro-batches per rank: ``count`` is a multiple of dp_size)
         alternative = _per_rank_candidate(
-            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1,
+            limit=None if parts is None else count // dp_size - 1,
         )
         if alternative is not None and (parts is None or len(alternative) < count):
             parts, count = alternative, len(alternative)
@@ -318,7 +325,8 @@ def build_dp_schedule(
         # short of the per-rank route (split first, pack each share): align that one as well
         # (cheap here) and keep whichever has the faster per-micro-batch step.
         alternative = _per_rank_candidate(
-            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1
+            group_tokens, group_work, capacity, dp_size, num_batches_divided_by or 1, min_num_micro_batch or 1,
+            limit=count // dp_size,
         )
         if alternative is not None and len(alternative) == count:
             other = _aligned(alternative, group_tokens, group_work, capacity, dp_size)

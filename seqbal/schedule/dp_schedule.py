@@ -9,6 +9,7 @@ route built it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
@@ -179,7 +180,10 @@ def _schedule_of(
 ) -> DPSchedule:
     """The DPSchedule of micro-batches ``parts`` (group indices) laid out as ``grid``
     (``grid[s][r]``: the part rank ``r`` runs in slot ``s``), slots in :func:`_slot_order`."""
-    micro = [sorted(i for g in part for i in groups[g]) for part in parts]
+    if len(groups) == len(array):  # a group per sample, in sample order (see _groups): group g is sample g
+        micro = [sorted(part) for part in parts]
+    else:
+        micro = [sorted(i for g in part for i in groups[g]) for part in parts]
     order = _slot_order(grid, bin_work, pipeline)
     per_rank = [tuple(tuple(micro[grid[s][r]]) for s in order) for r in range(dp_size)]
     per_rank.sort(key=lambda r: min(mb[0] for mb in r))  # rank 0 holds sample 0: stable across ties
@@ -188,7 +192,7 @@ def _schedule_of(
         max_token_len=max_token_len,
         num_micro_batches=len(parts) // dp_size,
         micro_batches=tuple(per_rank),
-        rank_indices=tuple(tuple(i for mb in r for i in mb) for r in per_rank),
+        rank_indices=tuple(tuple(chain.from_iterable(r)) for r in per_rank),
         lengths=tuple(array.tolist()),
         workloads=tuple(work.tolist()),
     )

@@ -143,7 +143,9 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     the delta nor the partner's room) is below the best move, and score the heavy bin's first
     :data:`SWAP_FIRST_ROWS` groups (its lightest, past TRADE_ITEMS groups) first, stopping
     once they reach the step's upper bound: the same trade as the full matrix, usually at a
-    fraction of its cost.
+    fraction of its cost. A slot whose last step found no trade is not searched again (the
+    attempt still counts) until its own bins, its partners of other slots or their slots'
+    bins have changed: the search would find none again.
     """
     if all(len(slot) < 2 for slot in slots):
         return
@@ -183,6 +185,11 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         look_at(b)
 
     roomiest: list[Any] = [-1, None]  # [slot, its roomiest partners of other slots] while valid
+    edits = [0] * len(grid)  # trades that changed each slot's bins so far
+    stuck: list[Any] = [None] * len(grid)  # per slot: what its last step that found no trade depended on
+
+    def inputs_of(s: int, others: np.ndarray) -> tuple[int, bytes, list[int]]:
+        return edits[s], others.tobytes(), [edits[o] for o in slot_of.take(others).tolist()]
 
     def trade(s: int) -> bool:
         slot = grid[s]
@@ -213,6 +220,10 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
             others = others[slot_of[others] != s]
             others = others[np.lexsort((others, -room[others]))][:SLOT_PARTNERS]
             roomiest[:] = [s, others]
+        # A step depends on this slot's bins and on its partners of other slots and their slots'
+        # bins: where none of these changed since this slot's last step found no trade, neither can this one.
+        if stuck[s] is not None and stuck[s] == inputs_of(s, others):
+            return False
         partners = np.concatenate((inner, others))  # in-slot ones first: one gain formula each
         if not len(partners):
             return False
@@ -290,6 +301,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
                 if best is None or candidate[:2] > best[:2]:
                     best = candidate
         if best is None:
+            stuck[s] = inputs_of(s, others)
             return False
         _, _, kind, i, c, column = best
         group, target = int(h_items[i]), int(partners[c])
@@ -307,6 +319,7 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         return True
 
     def refresh(s: int) -> None:  # slot s's maximum and its bins' room below it, after a trade
+        edits[s] += 1
         values = bin_work.take(grid[s])
         top = values.max()
         maxima[s] = top
@@ -315,11 +328,17 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
     budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
+
+    def steps_of(s: int) -> int:  # trades of slot s per pass, at most: 4 per group, plus 16
+        if 4 * len(grid[s]) + 16 >= SLOT_STEPS:  # no bin is ever empty: no need to count the groups
+            return SLOT_STEPS
+        return min(4 * sum(len(parts[b]) for b in grid[s].tolist()) + 16, SLOT_STEPS)
+
     for _ in range(SLOT_PASSES):
         excess = [int(bin_work[g].max()) - float(bin_work[g].mean()) for g in grid]
         changed = False
         for s in sorted(range(len(grid)), key=lambda s: (-excess[s], s)):
-            for _ in range(min(4 * sum(len(parts[b]) for b in grid[s]) + 16, SLOT_STEPS)):
+            for _ in range(steps_of(s)):
                 budget -= 1
                 if budget < 0 or not trade(s):
                     break
