@@ -193,7 +193,7 @@ def build_dp_schedule(
     Complexity: O(n log n) packing plus one or two capped-balancing passes (O(n t log t)), when
     ``t`` is above the bound ``dp_size`` more on ``n / dp_size`` groups each, and the slot
     evening (at most ``SLOT_BUDGET_PER_SLOT * t / dp + 64`` vectorised steps). At 32,768
-    samples on 32 ranks: 0.1-0.7 s, 4-24 best-fit-decreasing passes on the same lengths, most
+    samples on 32 ranks: 0.1-0.8 s, 3-22 best-fit-decreasing passes on the same lengths, most
     of it the slot evening (``python benchmarks/bench_schedule.py --planning-cost``).
 
     Examples:
