@@ -189,3 +189,26 @@ def test_prove_count_decides_small_packings():
     assert all(sum(s for s, b in zip(items, where) if b == part) <= 118 for part in range(4))
     # forced groups are summed into one packing item each
     assert len(case_items("grpo_groups", 64, 4096)) < 64
+
+
+def test_schedule_tradeoff_compares_variants_and_restores_the_evening(capsys):
+    """The table behind docs/benchmarks_method.md's point 3 frontier: every variant is measured
+    against today's evening on the same batches, no variant changes a count, and the evening's
+    function and constants are the shipped ones again afterwards."""
+    from benchmarks import schedule_tradeoff
+    from seqbal.schedule import slots
+
+    shipped = (slots._even_slots, slots.SLOT_CLOSE_ENOUGH, slots.SLOT_BUDGET_PER_SLOT)
+    rows = schedule_tradeoff.measure(["Pareto tail"], ["close-1e-3", "budget-16"], 2048, 8, 1, caps=(8192,))
+    assert (slots._even_slots, slots.SLOT_CLOSE_ENOUGH, slots.SLOT_BUDGET_PER_SLOT) == shipped
+    assert {variant for variant, _, _ in rows} == {"today", "close-1e-3", "budget-16"}
+    today = rows[("today", "Pareto tail", 8192)]
+    assert 0 < today["per_micro_batch"] <= 1 and 0 < today["per_step"] <= 1 and today["ratio"] > 0
+    # a looser stop changes the schedule, not its count
+    assert all(row["count"] == today["count"] for row in rows.values())
+    summary = schedule_tradeoff.summary(rows)
+    assert len(summary) == 2 + 3 and summary[2].startswith("| today |") and "| 0 / 0 |" in summary[2]
+    schedule_tradeoff.main(["--names", "Pareto tail", "--variants", "close-1e-4", "--n", "1024", "--dp", "4",
+                            "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert "| close-1e-4 |" in out and out.count("| Pareto tail |") == 2  # caps 16384 and 32768
