@@ -35,6 +35,11 @@ from ..partition.parts import _part_sums
 #: A slot counts as even once its heaviest micro-batch is within this factor of the slot's mean:
 #: past it a step gains less than a thousandth of a percent of the step time.
 SLOT_CLOSE_ENOUGH = 1.00001
+#: ... or once that excess (heaviest minus mean) is at most this fraction of the step, the sum
+#: of every slot's heaviest micro-batch; 0 turns it off, as shipped. Relative to the step, not
+#: the slot: a slot left there costs the step at most this fraction over its even split.
+#: ``benchmarks.schedule_tradeoff`` measures what it would save and cost (issue 29, point 3).
+SLOT_MIN_EXCESS = 0.0
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
 #: the most room below their own slot's maximum: past the few roomiest a trade rarely fits. On
 #: more than ``SLOT_PARTNERS + 1`` ranks, also the most of its own slot's (the lightest).
@@ -136,7 +141,8 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
     gain, the drop of this slot's maximum minus the rise of the partner slot's maximum; a trade
     of zero gain is taken only if it lowers the heaviest bin and lifts no slot's maximum (this
     resolves ties at the top). Slots are visited heaviest excess first, each until no trade gains
-    or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean, for at most :data:`SLOT_PASSES`
+    or it is within :data:`SLOT_CLOSE_ENOUGH` of its mean (or, where set, within
+    :data:`SLOT_MIN_EXCESS` of the step), for at most :data:`SLOT_PASSES`
     passes. ``bins.moves=False`` allows swaps only (each bin keeps its group count:
     ``equal_samples``). Changes ``bins`` in place, its groups sorted at the end. Every step is O(t + s * SLOT_PARTNERS * s) vectorised for ``s`` groups
     per bin and ``t`` bins; swaps skip partner groups whose bound (the gain can exceed neither
@@ -197,8 +203,11 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
         order = np.argsort(-values, kind="stable")
         heavy, top = int(slot[order[0]]), int(values[order[0]])
         # ndarray.mean() on ints: a float64 sum divided by the count (the same float, cheaper call)
-        if top <= SLOT_CLOSE_ENOUGH * (float(np.add.reduce(values, dtype=np.float64)) / len(values)):
+        mean = float(np.add.reduce(values, dtype=np.float64)) / len(values)
+        if top <= SLOT_CLOSE_ENOUGH * mean:
             return False  # also every slot of one bin
+        if SLOT_MIN_EXCESS and top - mean <= SLOT_MIN_EXCESS * float(np.add.reduce(maxima, dtype=np.float64)):
+            return False
         second = int(values[order[1]])
         third = int(values[order[2]]) if len(slot) > 2 else 0
         # the slot's other bins (on more than SLOT_PARTNERS ranks its SLOT_PARTNERS lightest), in slot order
