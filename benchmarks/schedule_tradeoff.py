@@ -6,7 +6,8 @@ best-fit-decreasing passes *and* its step efficiency unchanged. Rounds of same-t
 (``seqbal/schedule/slots.py``) at up to 21 passes on its own, and every change of its order
 or budget measured so far moved some row's efficiency. This script puts that choice on one
 table: for each variant of the evening's stops (set around :func:`_even_slots` only, so the
-rank polish keeps its own :data:`SLOT_CLOSE_ENOUGH`), on the 32 cases of
+rank polish keeps its own :data:`SLOT_CLOSE_ENOUGH`; ``excess-*`` sets
+:data:`seqbal.schedule.slots.SLOT_MIN_EXCESS`, off as shipped), on the 32 cases of
 ``bench_schedule.py --planning-cost``, the cost in BFD passes (CPU time, one process, the
 median of ``--rounds``, rounds interleaved over cases and variants, the variants' order
 alternating) and each row's step efficiency against today's, per micro-batch and per step
@@ -15,7 +16,7 @@ no variant may change a count; the script checks that.
 
 Run from the repository root::
 
-    python -m benchmarks.schedule_tradeoff                 # every variant, 3 rounds (about 8 minutes)
+    python -m benchmarks.schedule_tradeoff                 # every variant, 3 rounds (about 15 minutes)
     python -m benchmarks.schedule_tradeoff --rounds 5 --variants close-1e-3 budget-16
 """
 
@@ -43,6 +44,12 @@ VARIANTS: dict[str, dict[str, float]] = {
     "close-1e-4+budget-16": {"SLOT_CLOSE_ENOUGH": 1.0001, "SLOT_BUDGET_PER_SLOT": 16},
     "close-1e-3+budget-16": {"SLOT_CLOSE_ENOUGH": 1.001, "SLOT_BUDGET_PER_SLOT": 16},
     "close-1e-3+budget-8": {"SLOT_CLOSE_ENOUGH": 1.001, "SLOT_BUDGET_PER_SLOT": 8},
+    # a slot is even once its excess over its mean is this fraction of the whole step
+    "excess-1e-6": {"SLOT_MIN_EXCESS": 1e-6},
+    "excess-3e-6": {"SLOT_MIN_EXCESS": 3e-6},
+    "excess-1e-5": {"SLOT_MIN_EXCESS": 1e-5},
+    "excess-3e-5": {"SLOT_MIN_EXCESS": 3e-5},
+    "excess-1e-4": {"SLOT_MIN_EXCESS": 1e-4},
 }
 #: Issue 29's target, in BFD passes.
 TARGET = 12.0
@@ -82,12 +89,16 @@ def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def case_names() -> list[str]:
-    """The workloads of ``bench_schedule.py --planning-cost``, in its order."""
+    """The workloads of ``bench_schedule.py --planning-cost``, in its order (the real lists, and
+    ``workloads.py``'s family drawn from one, only where the lists are found)."""
+    from benchmarks import workloads
+
     names = list(bs.GENERATED)
     directory = bs.lengths_dir()
     if directory is not None:
         names += sorted(p.name for p in directory.glob("*.txt"))
-    return names + [family + bs.WORKLOADS for family in bs.WORKLOAD_FAMILIES]
+    available = workloads.families()
+    return names + [family + bs.WORKLOADS for family in bs.WORKLOAD_FAMILIES if family in available]
 
 
 def measure(
