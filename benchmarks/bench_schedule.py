@@ -362,7 +362,10 @@ def main() -> None:
     if args.planning_cost:
         print(f"<!-- python benchmarks/bench_schedule.py --planning-cost --rounds {args.rounds}: python "
               f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} -->\n")
-        names += [family + WORKLOADS for family in WORKLOAD_FAMILIES]
+        from benchmarks import workloads
+
+        available = workloads.families()  # real_qwen_rollouts is drawn from a real list: only where found
+        names += [family + WORKLOADS for family in WORKLOAD_FAMILIES if family in available]
         reference = None
         if args.ref is not None:
             from benchmarks.planning_ab import load_reference_module
