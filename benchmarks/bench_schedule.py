@@ -166,6 +166,28 @@ def large_batch(name: str, cap: int, n: int) -> tuple[np.ndarray, Optional[np.nd
     return np.minimum(data[rng.integers(0, len(data), n)], cap), None
 
 
+def planning_cost_names() -> list[str]:
+    """The workloads of the planning-cost mode, in its order: the generated ones, the real lists
+    and the families of ``benchmarks.driver_and_gather`` (those drawn from a real list only where
+    the lists are found)."""
+    from benchmarks import workloads
+
+    names = list(GENERATED)
+    directory = lengths_dir()
+    if directory is not None:
+        names += sorted(p.name for p in directory.glob("*.txt"))
+    available = workloads.families()
+    return names + [family + WORKLOADS for family in WORKLOAD_FAMILIES if family in available]
+
+
+def planning_cost_case(name: str, cap: int, n: int) -> tuple[np.ndarray, Optional[list]]:
+    """One planning-cost batch: its lengths, and its group ids where the workload keeps groups
+    whole (GRPO, groups kept), else None."""
+    lengths, groups = large_batch(name, cap, n)
+    keep = name == "GRPO (groups kept)" or name == "grpo_groups" + WORKLOADS
+    return lengths, groups.tolist() if keep and groups is not None else None
+
+
 # ---------------------------------------------------------------------------------------------
 # The two routes
 # ---------------------------------------------------------------------------------------------
@@ -264,12 +286,7 @@ def planning_cost(
         fn()
         return time.process_time() - start
 
-    cases = []
-    for name in names:
-        for cap in caps:
-            keep = name == "GRPO (groups kept)" or name == "grpo_groups" + WORKLOADS
-            lengths, groups = large_batch(name, cap, n)
-            cases.append((name, cap, lengths, groups.tolist() if keep else None))
+    cases = [(name, cap, *planning_cost_case(name, cap, n)) for name in names for cap in caps]
     times: dict[tuple[str, int], list[tuple[float, float]]] = {(c[0], c[1]): [] for c in cases}
     ref_times: dict[tuple[str, int], list[float]] = {(c[0], c[1]): [] for c in cases}
     results, same = {}, {}
@@ -362,10 +379,7 @@ def main() -> None:
     if args.planning_cost:
         print(f"<!-- python benchmarks/bench_schedule.py --planning-cost --rounds {args.rounds}: python "
               f"{platform.python_version()}, numpy {np.__version__}, {platform.machine()} -->\n")
-        from benchmarks import workloads
-
-        available = workloads.families()  # real_qwen_rollouts is drawn from a real list: only where found
-        names += [family + WORKLOADS for family in WORKLOAD_FAMILIES if family in available]
+        names = planning_cost_names()
         reference = None
         if args.ref is not None:
             from benchmarks.planning_ab import load_reference_module

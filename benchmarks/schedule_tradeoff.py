@@ -23,13 +23,12 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
-import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from benchmarks import bench_schedule as bs
+from benchmarks.planning_cost import cpu_ms
 from seqbal import best_fit_decreasing_partitions, build_dp_schedule
 from seqbal.schedule import slots
 
@@ -81,26 +80,6 @@ def evening_with(constants: dict[str, float]) -> Iterator[None]:
         slots._even_slots = original
 
 
-def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
-    gc.collect()  # every timed call starts from the same collector state
-    start = time.process_time()
-    out = fn()
-    return time.process_time() - start, out
-
-
-def case_names() -> list[str]:
-    """The workloads of ``bench_schedule.py --planning-cost``, in its order (the real lists, and
-    ``workloads.py``'s family drawn from one, only where the lists are found)."""
-    from benchmarks import workloads
-
-    names = list(bs.GENERATED)
-    directory = bs.lengths_dir()
-    if directory is not None:
-        names += sorted(p.name for p in directory.glob("*.txt"))
-    available = workloads.families()
-    return names + [family + bs.WORKLOADS for family in bs.WORKLOAD_FAMILIES if family in available]
-
-
 def measure(
     names: Sequence[str], variants: Sequence[str], n: int, dp: int, rounds: int, caps: Sequence[int] = CAPS
 ) -> dict[tuple[str, str, int], dict[str, Any]]:
@@ -108,22 +87,17 @@ def measure(
     efficiencies. ``today`` is always measured (the others are compared with it). Raises
     ``RuntimeError`` if a variant changes a count."""
     variants = ["today"] + [v for v in variants if v != "today"]
-    cases = []
-    for name in names:
-        for cap in caps:
-            keep = name == "GRPO (groups kept)" or name == "grpo_groups" + bs.WORKLOADS
-            lengths, groups = bs.large_batch(name, cap, n)
-            cases.append((name, cap, lengths, groups.tolist() if keep and groups is not None else None))
+    cases = [(name, cap, *bs.planning_cost_case(name, cap, n)) for name in names for cap in caps]
     ratios: dict[tuple[str, str, int], list[float]] = {}
     rows: dict[tuple[str, str, int], dict[str, Any]] = {}
     for round_index in range(rounds):
         for name, cap, lengths, group_ids in cases:
-            bfd, _ = _cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
+            bfd, _ = cpu_ms(lambda: best_fit_decreasing_partitions(lengths, cap))
             for variant in variants if round_index % 2 == 0 else variants[::-1]:
                 with evening_with(VARIANTS[variant]):
-                    seconds, schedule = _cpu(lambda: build_dp_schedule(lengths, dp, cap, group_ids=group_ids))
+                    ms, schedule = cpu_ms(lambda: build_dp_schedule(lengths, dp, cap, group_ids=group_ids))
                 key = (variant, name, cap)
-                ratios.setdefault(key, []).append(seconds / bfd)
+                ratios.setdefault(key, []).append(ms / bfd)
                 efficiency = schedule.step_efficiency()
                 rows[key] = dict(
                     count=schedule.num_micro_batches, per_micro_batch=efficiency["per_micro_batch"],
@@ -187,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--n", type=int, default=32768)
     parser.add_argument("--dp", type=int, default=32)
     args = parser.parse_args(argv)
-    rows = measure(args.names or case_names(), args.variants, args.n, args.dp, args.rounds)
+    rows = measure(args.names or bs.planning_cost_names(), args.variants, args.n, args.dp, args.rounds)
     cases = len([1 for v, _, _ in rows if v == "today"])
     print(f"build_dp_schedule, {args.n} samples on {args.dp} ranks, {cases} cases, median of {args.rounds} rounds\n")
     print("\n".join(summary(rows)))
