@@ -41,9 +41,10 @@ __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 #: How far above the tight (BFD) count the fresh mix's count may go: 1%.
 FRESH_COUNT_SLACK = 0.01
 #: The random draws an epoch tries, in order, before it takes the tight plan: two LPT deals
-#: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then a noisy best fit
-#: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`) for inputs too tight for a deal.
-DRAWS = ("deal", "deal", "best fit")
+#: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
+#: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
+#: tight for a deal.
+DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03))
 
 
 def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
@@ -102,6 +103,8 @@ class _Items:
         self.capacity = capacity if cost.padded else max(cost.token_capacity(cap), 1)
         from ..workload import calculate_workload
 
+        #: Groups of one key can trade places without changing any micro-batch's cost.
+        self.trade_key = self.additive if self.additive is not None else measured.reshape(-1, group_size).max(axis=1)
         self.workloads = np.asarray(calculate_workload(lengths), dtype=np.float64).reshape(-1, group_size).sum(axis=1)
 
     def __len__(self) -> int:
@@ -331,8 +334,11 @@ class TokenBudgetBatchSampler:
 
     def _draw(self, count: int, epoch: int, attempt: int) -> Optional[np.ndarray]:
         rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, attempt])
-        draw = fresh_mix_bins if DRAWS[attempt] == "deal" else noisy_best_fit_bins
-        return draw(self._items.additive, count, self._items.capacity, rng, max_items=self._max_items)
+        kind, noise = DRAWS[attempt]
+        items = self._items
+        if kind == "deal":
+            return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
+        return noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
 
     def __len__(self) -> int:
         """Micro-batches per rank per epoch (the same on every rank and in every epoch). O(1)."""
@@ -347,7 +353,7 @@ class TokenBudgetBatchSampler:
     def _epoch_bins(self, epoch: int) -> tuple[np.ndarray, Optional[str]]:
         """Every item's bin for ``epoch``, and the draw that made it (None: the tight plan)."""
         if self.mix == "fresh":
-            for attempt, kind in enumerate(DRAWS):
+            for attempt, (kind, _) in enumerate(DRAWS):
                 bins = self._draw(self.count, epoch if self.shuffle else 0, attempt)
                 if bins is not None:
                     return bins, kind
@@ -359,11 +365,10 @@ class TokenBudgetBatchSampler:
         return self._epoch_bins(int(epoch))[1] or "tight"
 
     def _relabel(self, bins: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """``bins`` with the items of equal lengths (forced groups of equal length tuples) traded
-        at random: every bin keeps its cost, the samples change. O(n log n)."""
-        rows = self.lengths.reshape(-1, self.force_group_size)
-        _, labels = np.unique(rows, axis=0, return_inverse=True)
-        labels = labels.reshape(-1)
+        """``bins`` with the forced groups of equal cost traded at random (equal rounded tokens
+        for the token cost, equal rounded longest sample for the padded cost): every bin keeps
+        its cost and its sample count, the samples change. O(n log n)."""
+        labels = self._items.trade_key
         order = np.lexsort((rng.random(len(labels)), labels))  # each class in random order
         by_class = np.lexsort((np.arange(len(labels)), labels))  # each class in index order
         relabelled = np.empty_like(bins)
