@@ -8,10 +8,11 @@ eighths: the longest term apart from the sum of squares); with the user's length
 drawn from them (the micro-batches that will really run). Doubling reaches the budget in
 ``log2(budget / start)`` scales and spreads the probes over the range the fit must cover.
 
-Probing never runs a micro-batch predicted to exceed the budget. Before the fit has enough
-probes (four), the prediction is a bound: no feature grows more than four times when ``T``
-doubles (the largest is quadratic), so four times the same shape's peak at ``T / 2`` bounds
-its peak at ``T``. After that, it is the current fit. An out-of-memory error during a probe
+Probing never runs a micro-batch predicted to exceed the budget less the margin (the margin
+covers the error of a fit still extrapolating). Before the fit has enough probes (four), the
+prediction is a bound: no feature grows more than four times when ``T`` doubles (the largest
+is quadratic), so four times the same shape's peak at ``T / 2`` bounds its peak at ``T``.
+After that, it is the current fit. An out-of-memory error during a probe
 (``torch.OutOfMemoryError``, ``MemoryError``) is caught and recorded, that shape stops
 growing, and the fit uses the probes that ran.
 """
@@ -330,7 +331,9 @@ def calibrate(
     from .meter import _oom_types
 
     oom = _oom_types()
-    budget = int(memory_budget)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
+    budget = int(math.floor(int(memory_budget) * (1.0 - margin)))  # what a probe may be predicted at
     done: list[Probe] = []
 
     def predicted(candidate: list[int], bound: Optional[int]) -> Optional[float]:
@@ -389,19 +392,20 @@ def calibrate(
                     _release_cache()
             guess = predicted(candidate, None)
             if guess is not None and guess > budget:
-                done.append(Probe(tuple(candidate), None, f"skipped: predicted {guess:.0f} bytes > budget {budget}", "given"))
+                done.append(Probe(tuple(candidate), None,
+                             f"skipped: predicted {guess:.0f} bytes > budget less margin {budget}", "given"))
                 continue
             run(candidate, "given")
     metered = [p for p in done if p.peak_bytes]
     if len(metered) < 2:
         raise ValueError(
-            f"calibration metered {len(metered)} probe(s) under the budget of {budget} bytes (of {len(done)} tried: "
+            f"calibration metered {len(metered)} probe(s) under the budget less margin, {budget} bytes (of {len(done)} tried: "
             + "; ".join(f"{list(p.lengths)[:4]}: {p.error or p.peak_bytes}" for p in done[:4])
             + "): raise memory_budget or lower start"
         )
     coefficients = fit(np.array([features(p.lengths) for p in metered]),
                        np.array([p.peak_bytes for p in metered], dtype=np.float64))
-    return Calibration(MemoryModel.from_coefficients(coefficients), budget, margin, length_range, tuple(done),
+    return Calibration(MemoryModel.from_coefficients(coefficients), int(memory_budget), margin, length_range, tuple(done),
                        _device_name(device))
 
 
