@@ -283,7 +283,7 @@ def calibrate(
     memory_budget: int,
     *,
     lengths: Optional[Sequence[int]] = None,
-    probes: Union[int, Sequence[Sequence[int]]] = 20,
+    probes: Union[int, Sequence[Sequence[int]]] = 24,
     margin: float = 0.1,
     start: int = 64,
     device: Optional[Any] = None,
@@ -299,7 +299,7 @@ def calibrate(
         lengths: the user's length distribution (any sequence of ints); the cap is then the
             worst case over micro-batches of lengths within its range, and one probe per scale
             is drawn from it. Default None: any lengths.
-        probes: the most probes to run (default 20), or the exact probe micro-batches (each
+        probes: the most probes to run (default 24), or the exact probe micro-batches (each
             still skipped when predicted over the budget).
         margin: fraction of the budget kept free (default 0.1, the accuracy the model is
             measured to reach: docs/memory.md).

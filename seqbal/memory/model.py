@@ -17,8 +17,7 @@ predict that a bigger micro-batch needs less memory, which is what breaks a cap.
 non-negative least squares on residuals divided by ``sqrt(peak * largest peak)``: halfway
 between relative residuals (every probe counts alike, the tiny ones too, whose allocator
 rounding is large for their size) and absolute ones (only the largest probes count). The
-micro-batches that matter are planned near the budget, and on held-out micro-batches of a
-small transformer this weighting halved the worst error of the relative fit (5.8% to 2.1%,
+micro-batches that matter are planned near the budget (the comparison is in
 docs/memory.md). With six
 features NNLS is solved exactly by trying every support (64 ordinary least-squares fits, each
 6 x P): the optimum of NNLS is the least-squares fit on its support, and every support whose
