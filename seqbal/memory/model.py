@@ -25,8 +25,9 @@ fit is non-negative is feasible, so the best of them is the optimum. No SciPy ne
 
 The model is convex in the lengths, which makes worst cases easy: over micro-batches of at
 most ``T`` tokens whose lengths lie in ``[shortest, longest]``, the worst is at a vertex:
-``k`` sequences of the longest length and the rest either one sequence of what is left or as
-many of the shortest as fit (:meth:`MemoryModel.worst_case`).
+``k`` sequences of the longest length, ``m`` of the shortest and at most one other; for each
+``k`` the prediction is convex in ``m``, so only the ends of its range are tried
+(:meth:`MemoryModel.worst_case`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,16 @@ def fit(rows: np.ndarray, peaks: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+def _run_features(high: int, longs: int, low: int, shorts: int, middle: int) -> np.ndarray:
+    """:func:`features` of ``longs`` sequences of ``high``, ``shorts`` of ``low`` and one of
+    ``middle`` (none when 0), in O(1)."""
+    n = longs + shorts + (1 if middle else 0)
+    total = longs * high + shorts * low + middle
+    squares = longs * high * high + shorts * low * low + middle * middle
+    longest = max(high if longs else 0, low if shorts else 0, middle)
+    return np.array([1.0, n, total, squares, longest, longest * longest], dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """Fitted peak bytes of a micro-batch (the six coefficients of :data:`FEATURES`, >= 0).
@@ -165,23 +176,25 @@ class MemoryModel:
         low = int(low)
         if tokens < 1 or low < 1 or low > high:
             return 0, []
-        best, example = -1.0, []
+        best, example = -1.0, (0, 0, 0)
         c = self.coefficients
         for k in range(0, tokens // high + 1):
             rest = tokens - k * high
-            candidates = []
-            if rest >= low:
-                candidates.append([high] * k + [min(rest, high)])
-                many = rest // low
-                if many > 1:
-                    candidates.append([high] * k + [low] * many)
-            if k:
-                candidates.append([high] * k)
-            for lengths in candidates:
-                value = float(features(lengths) @ c)
+            many = rest // low
+            # The rest is m shortest sequences and at most one other (the vertices); convex in m,
+            # so only the ends of each family count: no other, or one taking all that is left.
+            candidates = [(k, m, 0) for m in {0, many} if k + m]
+            fewest = max(0, -(-(rest - high) // low))  # the other must not be longer than high
+            for m in {fewest, many - 1}:
+                middle = rest - m * low
+                if 0 <= m and low <= middle <= high:
+                    candidates.append((k, m, middle))
+            for longs, shorts, middle in candidates:
+                value = float(_run_features(high, longs, low, shorts, middle) @ c)
                 if value > best:
-                    best, example = value, lengths
-        return int(math.ceil(best)), example
+                    best, example = value, (longs, shorts, middle)
+        longs, shorts, middle = example
+        return int(math.ceil(best)), sorted([high] * longs + [low] * shorts + ([middle] if middle else []), reverse=True)
 
     def max_token_len(self, byte_cap: int, length_range: Optional[tuple[int, int]] = None) -> int:
         """The largest ``T`` whose :meth:`worst_case` is ``<= byte_cap`` (0 when not even one
