@@ -183,7 +183,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kinds", nargs="+", default=["eager", "sdpa"])
     parser.add_argument("--budget-mib", type=int, default=None, help="default: 512 (eager) and 256 (sdpa) on the CPU")
-    parser.add_argument("--samples", type=int, default=48, help="lengths drawn from each list (default 48)")
+    parser.add_argument("--samples", type=int, default=160, help="lengths drawn from each list (default 160)")
     parser.add_argument("--lists", nargs="*", default=None, help="real list names (default all)")
     parser.add_argument("--per-plan", type=int, default=None, help="meter only the heaviest N micro-batches of each plan")
     parser.add_argument("--large", action="store_true", help="a GPU-sized model (hidden 1024, 4 layers, vocab 32768)")
