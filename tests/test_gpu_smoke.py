@@ -1,6 +1,8 @@
 """The GPU smoke script (tests/gpu_smoke.sh, tests/gpu_smoke.py) runs on the CPU too, so that it
 cannot rot between the sessions that are lent a GPU: its agreement check, dry-run on gloo with
-one and two ranks under a hard deadline, must pass, and the shell wrapper must parse."""
+one and two ranks under a hard deadline, must pass, and the shell wrapper must parse. Its memory
+calibration step (tests/gpu_memory_smoke.py) runs here on the CPU with a small model: prediction
+within 10% on held-out micro-batches and every planned micro-batch under the budget."""
 
 from __future__ import annotations
 
@@ -38,3 +40,9 @@ def test_dry_run_on_gloo(ranks):
     # counted, not split into lines: two ranks' prints may land on one line of the shared stdout
     passed = result.stdout.count("PASS gloo agreement")
     assert result.returncode == 0 and passed == ranks and "FAIL" not in result.stdout, result.stdout + result.stderr
+
+
+def test_memory_calibration_on_the_cpu():
+    result = _run([sys.executable, "tests/gpu_memory_smoke.py", "--cpu"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASS memory") == 4 and "FAIL" not in result.stdout, result.stdout
