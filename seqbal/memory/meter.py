@@ -80,7 +80,7 @@ def _cpu_peak(step: Callable[[], Any]) -> int:
     # The raw records, one per allocation (+bytes) or free (-bytes), in time order; the
     # aggregated ``prof.events()`` folds most of them into their operator and loses the order.
     changes = [
-        (event.start_ns(), event.nbytes())
+        (event.start_ns() if hasattr(event, "start_ns") else event.start_us() * 1000, event.nbytes())
         for event in prof.profiler.kineto_results.events()
         if event.name() == "[memory]" and event.device_type() == DeviceType.CPU
     ]
