@@ -276,3 +276,17 @@ def test_loss_weights_make_the_accumulated_gradient_the_step_token_mean():
     everything = torch.cat([data[i] for mb in step for i in mb])
     ((everything @ weight) ** 2).mean().backward()
     assert torch.allclose(accumulated, weight.grad, rtol=1e-9, atol=0)  # float64 weights: exact
+
+
+def test_a_memory_cost_caps_every_micro_batchs_predicted_bytes():
+    from seqbal import MemoryCost
+
+    memory = CostModel(memory=MemoryCost(fixed=1000, per_sequence=64.0, per_token=10.0, per_token_squared=0.01))
+    lengths = np.random.default_rng(6).integers(10, 800, 1200)
+    samplers = all_ranks(lengths, 200_000, 2, cost_model=memory, seed=1)
+    for epoch in range(3):
+        plan = samplers[0].epoch_plan(epoch)
+        assert all(memory.cost(lengths[mb].tolist()) <= 200_000 for rank in plan for mb in rank)
+        assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(1200))
+    with pytest.raises(ValueError, match="exceeds max_token_len=5000"):
+        TokenBudgetBatchSampler(lengths, 5000, num_replicas=1, rank=0, cost_model=memory)

@@ -77,7 +77,9 @@ class _Items:
         if n % group_size:
             raise ValueError(f"force_group_size={group_size} does not divide the dataset's {n} samples")
         self.group_size = group_size
-        measured = cost.rounded(lengths)
+        # What each sample adds to a micro-batch's cost: its rounded length (its bytes under a
+        # memory cost); the padded cost is not additive and keeps the rounded lengths.
+        measured = cost.rounded(lengths) if cost.padded else cost.sample_costs(lengths)
         under = "" if cost.is_default else f" under the {cost}"
         capacity = cost.sample_capacity(cap)
         over = np.flatnonzero(measured > capacity)
@@ -86,7 +88,7 @@ class _Items:
             raise ValueError(
                 f"sample {first} has {int(lengths[first])} tokens{under}, which exceeds {cap_name}={cap} "
                 f"({over.size} sample(s) over the cap, the largest has {int(lengths.max())}): raise {cap_name} to at "
-                f"least {int(measured.max())} or drop or truncate those samples"
+                f"least {cost.cost([int(lengths[int(np.argmax(measured))])])} or drop or truncate those samples"
             )
         self.costs = cost.group_costs(lengths, group_size)  # each group alone as a micro-batch
         over = np.flatnonzero(self.costs > capacity)
