@@ -184,47 +184,56 @@ def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int =
     return "\n".join(out)
 
 
-def _cpu(fn: Callable[[], object]) -> tuple[float, float]:
-    """CPU seconds and tracemalloc peak MB of one call."""
-    tracemalloc.start()
+def _cpu(fn: Callable[[], object]) -> float:
+    """CPU seconds of one call."""
     start = time.process_time()
     fn()
-    seconds = time.process_time() - start
+    return time.process_time() - start
+
+
+def _peak_mb(fn: Callable[[], object]) -> float:
+    """tracemalloc's peak of one call, in MB (a separate call: tracing slows the interpreter)."""
+    tracemalloc.start()
+    fn()
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    return seconds, peak
+    return peak
 
 
-def scale_table(n: int, worlds: list[int], caps: list[int], rounds: int, family: str) -> str:
-    out = [f"| family | n | ranks | cap | per rank | mix | BFD pass s | build s (BFD passes) | later epoch s "
-           f"(passes) | pack_rows s (passes) | build peak MB (x BFD's) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+def scale_rows(n: int, worlds: list[int], caps: list[int], rounds: int, family: str):
+    """One table row per (cap, ranks), yielded as soon as it is measured."""
+    yield (f"| family | n | ranks | cap | per rank | mix | BFD pass s | build s (BFD passes) | later epoch s "
+           f"(passes) | pack_rows s (passes) | build peak MB (x BFD's) |")
+    yield "|---|---|---|---|---|---|---|---|---|---|---|"
     for cap in caps:
         lengths, _ = workloads.SYNTHETIC[family](n, cap, workloads.case_seed(family, n, cap))
         for world in worlds:
-            bfd, build, later, pack, peaks, bfd_peaks = [], [], [], [], [], []
+            def build() -> TokenBudgetBatchSampler:
+                return TokenBudgetBatchSampler(lengths, cap, num_replicas=world, rank=0, seed=0)
+
+            bfd, built, later, pack = [], [], [], []
             sampler = None
             for _ in range(rounds):  # interleaved: the yardstick and the sampler in every round
-                seconds, peak = _cpu(lambda: best_fit_decreasing_partitions(lengths, cap))
-                bfd.append(seconds)
-                bfd_peaks.append(peak)
+                bfd.append(_cpu(lambda: best_fit_decreasing_partitions(lengths, cap)))
                 holder = {}
-                seconds, peak = _cpu(lambda: holder.setdefault("s", TokenBudgetBatchSampler(
-                    lengths, cap, num_replicas=world, rank=0, seed=0)).__iter__())
-                build.append(seconds)
-                peaks.append(peak)
+                built.append(_cpu(lambda: holder.setdefault("s", build())))
                 sampler = holder["s"]
                 sampler.set_epoch(1)
-                later.append(_cpu(lambda: list(sampler))[0])
-                pack.append(_cpu(lambda: pack_rows(lengths, cap, num_replicas=world))[0])
+                later.append(_cpu(lambda: list(sampler)))
+                pack.append(_cpu(lambda: pack_rows(lengths, cap, num_replicas=world)))
+            peak, bfd_peak = _peak_mb(build), _peak_mb(lambda: best_fit_decreasing_partitions(lengths, cap))
             b = statistics.median(bfd)
-            out.append(
+            yield (
                 f"| {family} | {n:,} | {world} | {cap} | {len(sampler)} | {sampler.mix} | {b:.2f} | "
-                f"{statistics.median(build):.2f} ({statistics.median(build) / b:.2f}) | "
+                f"{statistics.median(built):.2f} ({statistics.median(built) / b:.2f}) | "
                 f"{statistics.median(later):.2f} ({statistics.median(later) / b:.2f}) | "
                 f"{statistics.median(pack):.2f} ({statistics.median(pack) / b:.2f}) | "
-                f"{statistics.median(peaks):.0f} ({statistics.median(peaks) / statistics.median(bfd_peaks):.2f}) |"
+                f"{peak:.0f} ({peak / bfd_peak:.2f}) |"
             )
-    return "\n".join(out)
+
+
+def scale_table(n: int, worlds: list[int], caps: list[int], rounds: int, family: str) -> str:
+    return "\n".join(scale_rows(n, worlds, caps, rounds, family))
 
 
 def main() -> None:
@@ -247,7 +256,8 @@ def main() -> None:
         return
     if args.scale:
         caps = [int(c) for c in (args.caps or "8192,32768").split(",")]
-        print(scale_table(args.n, [int(w) for w in args.worlds.split(",")], caps, args.rounds, args.family))
+        for row in scale_rows(args.n, [int(w) for w in args.worlds.split(",")], caps, args.rounds, args.family):
+            print(row, flush=True)
     else:
         caps = [int(c) for c in (args.caps or "8192,16384").split(",")]
         print(mix_table(caps, args.world, args.epochs, args.group))
