@@ -80,7 +80,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 class Config:
     """One benchmark's settings, passed to every rank on its command line."""
 
-    samples: int = 300
+    samples: int = 200
     """Samples trained per epoch (the first ones of the list)."""
     budget: int = 4096
     """Token budget per forward: seqbal's cap, and what ``B`` averages for the other routes."""
@@ -90,7 +90,7 @@ class Config:
     lengths: str = "shipped_rollouts"
     """``shipped_rollouts`` (seqbal/data) or a name of ``workloads.REAL_FILES`` without ``real_``."""
     hidden: int = 128
-    layers: int = 4
+    layers: int = 2
     heads: int = 2
     vocab: int = 4096
     threads: int = 1
@@ -344,6 +344,9 @@ def launch(route: str, config: Config, out: Path) -> list[dict]:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         raise RuntimeError(f"{route}: killed past its {config.timeout} s deadline:\n{output[-3000:]}")
+    except BaseException:  # interrupted: take the ranks down too
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
     if process.returncode != 0:
         raise RuntimeError(f"{route}: exit status {process.returncode}:\n{output[-3000:]}")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
@@ -483,6 +486,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if options.worker:
         run_rank(options.worker, config, Path(options.out))
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed driver takes its launch's ranks down
     rows, notes = run(config, options.routes, log=lambda *a: print(*a, file=sys.stderr, flush=True))
     print(format_table(rows))
     for note in notes:
