@@ -97,6 +97,10 @@ class Config:
     """torch threads per rank (2 ranks on a 2-core machine: 1)."""
     timeout: int = 600
     """Seconds one launch may take before its whole process group is killed."""
+    malloc_mmap_threshold: int = 0
+    """Bytes; > 0 sets glibc's ``MALLOC_MMAP_THRESHOLD_`` in the ranks, so every larger block is
+    mapped on allocation and unmapped when freed: the resident peak then follows the live tensors
+    instead of what the heap kept from earlier steps (slower; for the memory column only)."""
 
 
 def load_lengths(config: Config) -> tuple[np.ndarray, list[str]]:
@@ -324,7 +328,7 @@ def run_rank(route: str, config: Config, out: Path) -> None:
 
 
 def config_flags(config: Config) -> list[str]:
-    return [f"--{k}={v}" for k, v in asdict(config).items()]
+    return [f"--{k.replace('_', '-')}={v}" for k, v in asdict(config).items()]
 
 
 def launch(route: str, config: Config, out: Path) -> list[dict]:
@@ -336,6 +340,8 @@ def launch(route: str, config: Config, out: Path) -> list[dict]:
     env = dict(os.environ, OMP_NUM_THREADS=str(config.threads), TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if config.malloc_mmap_threshold > 0:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(config.malloc_mmap_threshold)
     process = subprocess.Popen(command, cwd=str(ROOT), env=env, start_new_session=True, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -441,6 +447,8 @@ def run(config: Config, routes: Sequence[str] = ROUTES, log=print, keep: Optiona
     notes.append(f"{config.samples} samples of {config.lengths} ({int(lengths.sum())} tokens, mean "
                  f"{lengths.mean():.0f}), budget {config.budget}, B = {batch_size(lengths, config.budget)}, "
                  f"{config.epochs} epoch(s), {config.rounds} round(s), {WORLD} gloo ranks of {config.threads} thread(s)")
+    if config.malloc_mmap_threshold > 0:
+        notes.append(f"MALLOC_MMAP_THRESHOLD_={config.malloc_mmap_threshold} in the ranks")
     results: dict[str, list[list[dict]]] = {route: [] for route in routes}
     with tempfile.TemporaryDirectory(prefix="trl_train_") as scratch:
         base = keep or Path(scratch)
@@ -467,7 +475,7 @@ def parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Config]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = Config()
     for key, value in asdict(defaults).items():
-        parser.add_argument(f"--{key}", type=type(value), default=value)
+        parser.add_argument(f"--{key.replace('_', '-')}", dest=key, type=type(value), default=value)
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
     parser.add_argument("--smoke", action="store_true", help="a tiny model, 24 samples, budget 1024, 1 round")
     parser.add_argument("--json", help="write the summary rows here too")
@@ -477,7 +485,8 @@ def parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Config]:
     config = Config(**{key: getattr(options, key) for key in asdict(defaults)})
     if options.smoke:
         config = Config(samples=24, budget=1024, epochs=1, rounds=1, lengths=config.lengths, hidden=32, layers=1,
-                        heads=2, vocab=64, threads=1, timeout=config.timeout)
+                        heads=2, vocab=64, threads=1, timeout=config.timeout,
+                        malloc_mmap_threshold=config.malloc_mmap_threshold)
     return options, config
 
 
