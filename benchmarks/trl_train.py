@@ -408,6 +408,7 @@ def summarize(results: dict[str, list[list[dict]]]) -> list[dict]:
             "allreduce_wait_s": [e["allreduce_wait_s"] for e in epochs],
             "peak_rss_mb": [e["peak_rss_mb"] for e in epochs],
             "peak_above_start_mb": [e["peak_above_start_mb"] for e in epochs],
+            "peak_rss_per_rank_mb": [e["peak_rss_per_rank_mb"] for e in epochs],
             "forwards": [f for e in epochs for f in e["forwards_per_rank"]],
             "max_tokens": max(e["max_tokens"] for e in epochs),
             "over_budget": [e["over_budget"] for e in epochs],
@@ -460,8 +461,9 @@ def run(config: Config, routes: Sequence[str] = ROUTES, log=print, keep: Optiona
                 results[route].append(epoch_figures(records, config.budget))
                 if round_ == 0 and route == order[0]:
                     notes.append(f"model: {records[0]['params'] / 1e6:.2f} M parameters")
-                if not all(r["peak_reset"] for r in records):
-                    notes.append(f"{route}: the peak could not be reset: high-water mark since the process started")
+                note = f"{route}: the peak could not be reset: high-water mark since the process started"
+                if not all(r["peak_reset"] for r in records) and note not in notes:
+                    notes.append(note)
                 log(f"round {round_} {route}: epoch wall {[round(e['wall_s'], 1) for e in results[route][-1]]} s, "
                     f"launch {time.perf_counter() - start:.0f} s")
     rows = summarize(results)
@@ -479,6 +481,7 @@ def parse(argv: Optional[Sequence[str]]) -> tuple[argparse.Namespace, Config]:
     parser.add_argument("--routes", nargs="+", choices=ROUTES, default=list(ROUTES))
     parser.add_argument("--smoke", action="store_true", help="a tiny model, 24 samples, budget 1024, 1 round")
     parser.add_argument("--json", help="write the summary rows here too")
+    parser.add_argument("--keep", help="keep every rank's raw record under this folder")
     parser.add_argument("--worker", choices=ROUTES, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -496,7 +499,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         run_rank(options.worker, config, Path(options.out))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed driver takes its launch's ranks down
-    rows, notes = run(config, options.routes, log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    rows, notes = run(config, options.routes, log=lambda *a: print(*a, file=sys.stderr, flush=True),
+                      keep=Path(options.keep) if options.keep else None)
     print(format_table(rows))
     for note in notes:
         print("-", note)
