@@ -159,6 +159,32 @@ def test_trl_benchmark_smoke():
     assert len(trl_bench.format_table(rows).splitlines()) == 2 + len(rows)
 
 
+def test_trl_train_benchmark_smoke():
+    """benchmarks.trl_train on a tiny configuration: real SFTTrainer.train() on 2 gloo ranks for
+    every route, each launch under a hard deadline (its process group killed past it). Every
+    route trains the same samples, once each; seqbal never forwards more than the budget; every
+    measurement is there, and TRL's route reads 1.00 against itself."""
+    pytest.importorskip("trl")
+    if not hasattr(pytest.importorskip("transformers.trainer_pt_utils"), "BatchRebalanceSampler"):
+        pytest.skip("transformers without BatchRebalanceSampler (before 5.24.0)")
+    from benchmarks import trl_train
+
+    _, config = trl_train.parse(["--smoke", "--timeout", "240"])
+    lengths, _ = trl_train.load_lengths(config)
+    rows, notes = trl_train.run(config, log=lambda *_: None)
+    by_route = {row["route"]: row for row in rows}
+    assert sorted(by_route) == sorted(trl_train.ROUTES)
+    for row in rows:
+        assert len(row["wall_s"]) == config.rounds * config.epochs and min(row["wall_s"]) > 0
+        assert row["samples"] == [config.samples] and row["tokens"] == [int(lengths.sum())], row["route"]
+        assert min(row["forwards"]) >= 1 and row["max_tokens"] >= int(lengths.max())
+        assert min(row["peak_rss_mb"]) > 0 and min(row["blocked_s"]) >= min(row["allreduce_wait_s"]) >= 0
+    assert by_route["seqbal"]["max_tokens"] <= config.budget and by_route["seqbal"]["over_budget"] == [0]
+    assert by_route["trl"]["wall_ratio"] == [1.0] and by_route["trl"]["peak_ratio"] == [1.0]
+    assert len(trl_train.format_table(rows).splitlines()) == 2 + len(rows)
+    assert not any("differ" in note for note in notes), notes
+
+
 def test_sample_cap_benchmark_smoke(capsys):
     """benchmarks.sample_cap on one small case per family: it runs, checks both caps itself,
     and its table has a row per case with the count never below its bound."""
