@@ -42,6 +42,7 @@ __all__ = [
     "SumAgreement",
     "sum_with_error",
     "global_rank",
+    "gather_objects",
 ]
 
 
@@ -234,3 +235,13 @@ def global_rank(group: Any, rank_in_group: int) -> int:
         return dist.get_global_rank(group, rank_in_group)
     except (ValueError, RuntimeError, AttributeError):
         return rank_in_group
+
+
+def gather_objects(value: Any, group: Any) -> list[Any]:
+    """Every rank's picklable ``value``, in rank order (group-local), identical on every rank:
+    one ``all_gather_object`` call. The step planner sends each rank's arrivals and the facts
+    every rank must agree on through it, so that every check after it sees the same data on
+    every rank and raises alike, with no second collective."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
