@@ -36,7 +36,11 @@ from .stream import Pool, exact_selection, fill_bins, layout_bins
 from .stream.pool import Arrivals
 from .validation import int_argument
 
-__all__ = ["StepPlanner"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES"]
+
+#: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
+#: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
+EVEN_SLOTS_MIN_SAMPLES = 128
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -69,14 +73,23 @@ class StepPlanner:
             own arrivals: :meth:`next_step` gathers them (one collective per step) before
             planning, so every rank plans the same steps. Indices must be unique across ranks.
             Default None: every rank makes the same adds itself (no collective at all).
+        even_slots: ``micro_batches_per_step`` only: even out every slot's micro-batches across
+            ranks with the global schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`,
+            step 5), or only sort them into slots and place them on ranks. The evening costs
+            about a third of a millisecond per micro-batch of the step whatever the pool, so
+            None (the default) runs it when the pool holds at least
+            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step, where it stays
+            within a few best-fit-decreasing passes over the pool (docs/streams.md has the
+            figures).
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
 
     Examples:
-        Two ranks, two micro-batches each, under a cap of 10 tokens:
+        Two ranks, two micro-batches each, under a cap of 10 tokens (a pool this small would
+        skip the slot evening by default):
 
-        >>> planner = StepPlanner(10, 2, micro_batches_per_step=2)
+        >>> planner = StepPlanner(10, 2, micro_batches_per_step=2, even_slots=True)
         >>> planner.add(range(6), [6, 5, 4, 3, 2, 9])
         >>> planner.next_step()  # slot 0 holds 10 and 9 tokens, slot 1 holds 5 and 5
         [[[0, 2], [3, 4]], [[5], [1]]]
@@ -104,6 +117,7 @@ class StepPlanner:
         max_samples_per_micro_batch: Optional[int] = None,
         max_wait_steps: Optional[int] = None,
         dp_group: Any = None,
+        even_slots: Optional[bool] = None,
     ) -> None:
         self.max_token_len = int_argument("max_token_len", max_token_len)
         self.num_replicas = int_argument("num_replicas", num_replicas)
@@ -127,6 +141,9 @@ class StepPlanner:
             if not is_process_group(dp_group):
                 raise ValueError(f"dp_group must be a torch.distributed ProcessGroup or None, got {dp_group!r}")
         self.dp_group = dp_group
+        if even_slots is not None and not isinstance(even_slots, (bool, np.bool_)):
+            raise ValueError(f"even_slots must be None, True or False, got {even_slots!r}")
+        self.even_slots = even_slots
         self.steps = 0
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step)
         self._staged: list[Arrivals] = []
@@ -302,9 +319,12 @@ class StepPlanner:
         bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
                          mandatory=min(groups, count), padded=self.cost_model.padded,
                          max_samples=self.max_samples_per_micro_batch)
-        return self._laid_out([b for b in bins if b], k)
+        even = self.even_slots
+        if even is None:
+            even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
+        return self._laid_out([b for b in bins if b], k, even)
 
-    def _laid_out(self, bins: list[list[int]], per_rank: int) -> tuple[list[int], list[list[list[int]]]]:
+    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True) -> tuple[list[int], list[list[list[int]]]]:
         """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool positions."""
         columns = self._pool.columns
         positions = sorted(g for b in bins for g in b)
@@ -318,7 +338,7 @@ class StepPlanner:
             parts = split_bins_to_count(parts, cost, total, weights=work)
         layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
                              self.num_replicas, per_rank, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch)
+                             max_samples=self.max_samples_per_micro_batch, even=even)
         return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
 
     def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:

@@ -67,7 +67,8 @@ def streams(draw):
             ops.append(("add", indices, lengths, [g for g, c in enumerate(sizes) for _ in range(c)]))
         else:
             ops.append(("step", draw(st.integers(0, 4)) == 0))
-    return dict(ranks=ranks, cap=cap, k=k, s=s, cost=cost, max_samples=max_samples, wait=wait), ops
+    even = draw(st.sampled_from([None, True, False]))
+    return dict(ranks=ranks, cap=cap, k=k, s=s, cost=cost, max_samples=max_samples, wait=wait, even=even), ops
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,7 +77,8 @@ def test_every_promise_under_random_streams(case):
     config, ops = case
     planner = StepPlanner(config["cap"], config["ranks"], micro_batches_per_step=config["k"],
                           samples_per_step=config["s"], cost_model=config["cost"],
-                          max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"])
+                          max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
+                          even_slots=config["even"])
     tracker = Tracker(config["cap"], config["ranks"], k=config["k"], s=config["s"], cost=config["cost"],
                       max_samples=config["max_samples"], wait=config["wait"])
     run_stream(planner, tracker, ops)
@@ -89,7 +91,8 @@ def test_deterministic_and_resumable(case):
     the steps the original would have taken."""
     config, ops = case
     kwargs = dict(micro_batches_per_step=config["k"], samples_per_step=config["s"], cost_model=config["cost"],
-                  max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"])
+                  max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
+                  even_slots=config["even"])
     a, b = (StepPlanner(config["cap"], config["ranks"], **kwargs) for _ in range(2))
     restored = None
     for position, op in enumerate(ops + [("step", True)] * 3):

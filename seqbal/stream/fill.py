@@ -29,66 +29,72 @@ import numpy as np
 
 class _Bins:
     """``count`` micro-batches under one cost model: token cost (rounded tokens summed, against
-    ``capacity``) or padded cost (``samples x longest``), and an optional cap on samples."""
+    ``capacity``) or padded cost (``samples x longest``), and an optional cap on samples.
+
+    Plain Python lists: a step has tens to hundreds of micro-batches, where a loop over them
+    costs less than the call overhead of the NumPy operations it would replace."""
 
     def __init__(self, count: int, capacity: int, padded: bool, max_samples: Optional[int]) -> None:
         self.capacity = capacity
         self.padded = padded
         self.unlimited = max_samples is None
         self.max_samples = max_samples if max_samples is not None else np.iinfo(np.int64).max // 4
-        self.load = np.zeros(count, dtype=np.int64)  # token cost, or padded cost
-        self.samples = np.zeros(count, dtype=np.int64)
-        self.longest = np.zeros(count, dtype=np.int64)
+        self.load = [0] * count  # token cost, or padded cost
+        self.samples = [0] * count
+        self.longest = [0] * count
         self.members: list[list[int]] = [[] for _ in range(count)]
+
+    def _best(self, cost: int, samples: int, longest: int) -> tuple[int, int]:
+        """(micro-batch, its cost after) of the best fit, or (-1, -1). O(count)."""
+        best, best_after = -1, -1
+        capacity, limit, padded = self.capacity, self.max_samples, self.padded
+        for b, (load, count, top) in enumerate(zip(self.load, self.samples, self.longest)):
+            count += samples
+            if count > limit:
+                continue
+            after = count * (top if top > longest else longest) if padded else load + cost
+            if best_after < after <= capacity:
+                best, best_after = b, after
+        return best, best_after
 
     def place(self, group: int, cost: int, samples: int, longest: int) -> bool:
         """Best fit: the group joins the fullest micro-batch it fits in (lowest index on ties);
         False, and nothing changes, if it fits in none."""
-        count = self.samples + samples
-        if self.padded:
-            after = count * np.maximum(self.longest, longest)
-        else:
-            after = self.load + cost
-        fits = (after <= self.capacity) & (count <= self.max_samples)
-        if not fits.any():
+        target, after = self._best(cost, samples, longest)
+        if target < 0:
             return False
-        target = int(np.argmax(np.where(fits, after, -1)))
-        self.load[target] = after[target]
-        self.samples[target] = count[target]
-        self.longest[target] = max(int(self.longest[target]), longest)
+        self.load[target] = after
+        self.samples[target] += samples
+        self.longest[target] = max(self.longest[target], longest)
         self.members[target].append(group)
         return True
 
     def could_fit(self, cost: np.ndarray, samples: np.ndarray, longest: np.ndarray) -> np.ndarray:
         """For each group, whether some micro-batch has room for it now. O(groups * bins) for the
-        padded cost (in blocks), O(groups) otherwise."""
+        padded cost (in blocks), O(groups) per distinct sample count of the bins otherwise."""
+        load = np.asarray(self.load, dtype=np.int64)
+        counts = np.asarray(self.samples, dtype=np.int64)
         if not self.padded:
-            room = self.capacity - self.load
+            room = self.capacity - load
             if self.unlimited:
                 return cost <= room.max()
             best = np.zeros(len(cost), dtype=bool)
-            # a group fits a bin iff both its cost and its samples fit that same bin: bins sorted
-            # by room, the roomiest bin among those with sample room decides
-            for b in np.unique(self.samples):
-                open_ = self.samples == b
+            for b in np.unique(counts):  # a group needs its cost and its samples to fit the same bin
+                open_ = counts == b
                 best |= (cost <= room[open_].max()) & (samples + b <= self.max_samples)
             return best
+        top = np.asarray(self.longest, dtype=np.int64)
         out = np.zeros(len(cost), dtype=bool)
         for start in range(0, len(cost), 4096):
-            s = samples[start:start + 4096, None] + self.samples[None, :]
-            after = s * np.maximum(longest[start:start + 4096, None], self.longest[None, :])
+            s = samples[start:start + 4096, None] + counts[None, :]
+            after = s * np.maximum(longest[start:start + 4096, None], top[None, :])
             out[start:start + 4096] = ((after <= self.capacity) & (s <= self.max_samples)).any(axis=1)
         return out
 
     def full_for(self, cost: int, samples: int, longest: int) -> bool:
         """True when no micro-batch could take a group at least this small in every respect
         (smallest cost, fewest samples, shortest longest): a lower bound on what any group adds."""
-        count = self.samples + samples
-        if self.padded:
-            after = count * np.maximum(self.longest, longest)
-        else:
-            after = self.load + cost
-        return not bool(((after <= self.capacity) & (count <= self.max_samples)).any())
+        return self._best(cost, samples, longest)[0] < 0
 
 
 def fill_bins(
@@ -132,7 +138,7 @@ def fill_bins(
         if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
             raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
     start = min(mandatory, groups)
-    room = count * capacity - int(bins.load.sum())
+    room = count * capacity - sum(bins.load)
     window_end = start + int(np.searchsorted(np.cumsum(cost[start:]), room, side="right"))
     window_end = min(groups, max(window_end, start + 1))
     for g in by_size(range(start, window_end)):

@@ -34,6 +34,7 @@ def layout_bins(
     *,
     padded: bool = False,
     max_samples: Optional[int] = None,
+    even: bool = True,
 ) -> list[list[list[int]]]:
     """``[rank][slot]`` -> group positions, for ``parts`` (at most ``ranks * per_rank`` lists of
     group positions; missing or empty ones become dummies).
@@ -48,6 +49,8 @@ def layout_bins(
         ranks, per_rank: the grid's shape.
         padded: the cost is padded: no group moves.
         max_samples: the cap on samples per micro-batch, or None.
+        even: run the slot evening (group moves and swaps); False: slots cut from the sorted
+            micro-batches and placed on ranks only, at a fraction of the cost.
 
     Returns:
         ``ranks`` lists of ``per_rank`` lists; slots in the pipeline order of
@@ -56,7 +59,7 @@ def layout_bins(
     """
     total = ranks * per_rank
     full = len(parts) == total and all(parts)
-    if full and not padded and ranks > 1:
+    if full and not padded and ranks > 1 and even:
         if max_samples is None:
             parts, grid = _aligned(parts, tokens, work, capacity, ranks)
         else:
