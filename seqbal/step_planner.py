@@ -30,7 +30,9 @@ from typing import Any, Hashable, Optional, Sequence, Union
 import numpy as np
 
 from .cost import CostModel, as_cost_model
+from .partition import capped_balanced_partitions
 from .partition.packing import split_bins_to_count
+from .partition.sample_cap import within_sample_cap
 from .partition.parts import ceildiv
 from .stream import Pool, exact_selection, fill_bins, layout_bins
 from .stream.pool import Arrivals
@@ -302,7 +304,7 @@ class StepPlanner:
         positions, layout = chosen
         members = self._pool.take(positions)
         of = dict(zip(positions, members))
-        step = [[sorted(i for g in mb for i in of[g].tolist()) for mb in rank] for rank in layout]
+        step = [[np.sort(np.concatenate([of[g] for g in mb])).tolist() if mb else [] for mb in rank] for rank in layout]
         self.steps += 1
         return step
 
@@ -333,9 +335,18 @@ class StepPlanner:
         tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
         parts = [[local[g] for g in b] for b in bins]
         total = per_rank * self.num_replicas
-        if len(parts) < total <= len(positions):  # enough groups: split rather than leave one empty
+        if total <= len(positions):  # enough groups for every micro-batch: none left empty
             cost = columns["cost"][where]
-            parts = split_bins_to_count(parts, cost, total, weights=work)
+            balanced = None
+            if not self.cost_model.padded:  # the same groups, re-partitioned for even workloads within the cap
+                balanced = capped_balanced_partitions(cost, work, self._capacity(), total, feasible=parts)
+                if balanced is not None and self.max_samples_per_micro_batch is not None and not within_sample_cap(
+                        balanced, samples, self.max_samples_per_micro_batch):
+                    balanced = None
+            if balanced is not None:
+                parts = balanced
+            elif len(parts) < total:
+                parts = split_bins_to_count(parts, cost, total, weights=work)
         layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
                              self.num_replicas, per_rank, padded=self.cost_model.padded,
                              max_samples=self.max_samples_per_micro_batch, even=even)

@@ -5,6 +5,9 @@ full as the cap allows, and no sample left behind for ever. Exact maximum fillin
 multiple-knapsack problem; this is a greedy in three phases, each a best fit (a group goes to
 the fullest micro-batch it still fits in, so large holes stay open for large groups):
 
+0. **fast path** (token cost, no sample cap): one best-fit-decreasing pass over the oldest
+   groups up to the step's capacity in tokens; if they fit in ``count`` micro-batches, they are
+   the step so far (phases 1 and 2 are then done);
 1. **the oldest groups, mandatory**: the ``mandatory`` oldest groups (at most one per
    micro-batch) in decreasing size. Best fit opens an empty micro-batch only when a group fits
    nowhere else, and each group fits alone, so all of them are always placed: this is what
@@ -25,6 +28,8 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+
+from ..partition.packing import _best_fit_decreasing
 
 
 class _Bins:
@@ -134,15 +139,30 @@ def fill_bins(
     def by_size(members: range) -> list[int]:
         return sorted(members, key=lambda g: (-cost_list[g], g))
 
-    for g in by_size(range(min(mandatory, groups))):
-        if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
-            raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
     start = min(mandatory, groups)
-    room = count * capacity - sum(bins.load)
-    window_end = start + int(np.searchsorted(np.cumsum(cost[start:]), room, side="right"))
-    window_end = min(groups, max(window_end, start + 1))
-    for g in by_size(range(start, window_end)):
-        bins.place(g, cost_list[g], samples_list[g], longest_list[g])
+    window_end = min(groups, max(start + int(np.searchsorted(np.cumsum(cost), count * capacity, side="right")), start))
+    packed = None
+    if not padded and max_samples is None and window_end > start:
+        # Fast path: one library BFD pass over the mandatory groups and the window together;
+        # if it needs no more than ``count`` micro-batches, phases 1 and 2 are done.
+        packed = _best_fit_decreasing(cost[:window_end], capacity)
+        if len(packed) > count:
+            packed = None
+    if packed is not None:
+        for b, members in enumerate(packed):
+            bins.load[b] = int(cost[members].sum())
+            bins.samples[b] = int(samples[members].sum())
+            bins.longest[b] = int(longest[members].max())
+            bins.members[b] = list(members)
+    else:
+        for g in by_size(range(start)):
+            if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
+                raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+        room = count * capacity - sum(bins.load)
+        window_end = start + int(np.searchsorted(np.cumsum(cost[start:]), room, side="right"))
+        window_end = min(groups, max(window_end, start + 1))
+        for g in by_size(range(start, window_end)):
+            bins.place(g, cost_list[g], samples_list[g], longest_list[g])
     if window_end < groups:
         tail = np.arange(window_end, groups)
         tail = tail[bins.could_fit(cost[tail], samples[tail], longest[tail])]

@@ -73,7 +73,8 @@ def layout_bins(
         slots = [ranked[start:start + ranks] for start in range(0, total, ranks)]
         grid = _ranks_within_slots(slots, bin_work, ranks)
         if full:  # the same slot order as every other plan
-            return [[list(parts[grid[s][r]]) for s in _slot_order(grid, bin_work, True)] for r in range(ranks)]
+            order = _slot_order(grid, bin_work, True)
+            return [[list(parts[grid[s][r]]) for s in order] for r in range(ranks)]
         return [[list(parts[grid[s][r]]) for s in range(per_rank)] for r in range(ranks)]
     order = _slot_order(grid, _part_sums(work, parts), pipeline)
     return [[list(parts[grid[s][r]]) for s in order] for r in range(ranks)]

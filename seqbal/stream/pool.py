@@ -216,16 +216,17 @@ class Pool:
         self.consolidate()
         offsets = self.offsets()
         samples = self.columns["samples"]
-        taken = [self.indices[offsets[g]:offsets[g] + samples[g]].copy() for g in positions]
+        before = self.indices  # the views below stay valid: the columns are replaced, not changed
+        positions = np.asarray(positions, dtype=np.int64)
+        taken = [before[start:start + size] for start, size in zip(offsets[positions].tolist(), samples[positions].tolist())]
         keep_group = np.ones(len(samples), dtype=bool)
         keep_group[np.asarray(positions, dtype=np.int64)] = False
         keep_sample = np.repeat(keep_group, samples)
-        self.indices, self.lengths = self.indices[keep_sample], self.lengths[keep_sample]
+        self._ids.difference_update(before[~keep_sample].tolist())
+        self.indices, self.lengths = before[keep_sample], self.lengths[keep_sample]
         for name in GROUP_COLUMNS:
             self.columns[name] = self.columns[name][keep_group]
         self._groups -= len(taken)
-        for chunk in taken:
-            self._ids.difference_update(chunk.tolist())
         return taken
 
     # -- state --------------------------------------------------------------------------------
