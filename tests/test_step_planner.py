@@ -203,3 +203,18 @@ def test_arguments_are_checked():
         StepPlanner(10, 1, samples_per_step=4, max_wait_steps=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
     with pytest.raises(ValueError, match="exceeds samples_per_step=2"):
         StepPlanner(10, 1, samples_per_step=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
+
+
+def test_streams_benchmark_runs_and_holds_the_cap():
+    """The benchmark's simulation on a few ticks: the planner's rows never exceed the cap and
+    leave nothing pending when arrivals are below capacity; the cost table has its rows."""
+    from seqbal import CostModel
+    from benchmarks import streams
+
+    ticks = streams.arrivals(4, 30, seed=1)
+    result = streams.simulate(streams.Planner(), ticks, CostModel())
+    assert result["steps"] == 4 and result["over"] == 0 and result["pending"] == 0
+    assert result["count"] == str(streams.K)
+    nextfit = streams.simulate(streams.NextFit(), ticks, CostModel())
+    assert nextfit["over"] == 0
+    assert len(streams.cost_table([400], 1)) == 3
