@@ -55,6 +55,7 @@ _EXPORTS = {
     "build_dp_schedule": "schedule",
     "DPSchedule": "schedule",
     "balance_batch": "schedule",
+    "StepPlanner": "step_planner",
 }
 
 __all__ = list(_EXPORTS)
@@ -99,4 +100,5 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
         trim_to_window,
     )
     from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
+    from .step_planner import StepPlanner
     from .workload import calculate_workload, make_workload_fn

@@ -43,6 +43,7 @@ __all__ = [
     "sum_with_error",
     "global_rank",
     "min_and_max",
+    "gather_objects",
 ]
 
 
@@ -248,3 +249,13 @@ def min_and_max(values: Sequence[int], group: Any) -> tuple[Any, Any]:
     dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
     reduced = packed.cpu().numpy()
     return -reduced[len(array):], reduced[: len(array)]
+
+
+def gather_objects(value: Any, group: Any) -> list[Any]:
+    """Every rank's picklable ``value``, in rank order (group-local), identical on every rank:
+    one ``all_gather_object`` call. The step planner sends each rank's arrivals and the facts
+    every rank must agree on through it, so that every check after it sees the same data on
+    every rank and raises alike, with no second collective."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out

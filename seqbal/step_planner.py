@@ -1,0 +1,413 @@
+""":class:`StepPlanner`: which pending samples go into the next training step, and how they form
+every rank's micro-batches.
+
+Asynchronous RL trainers (rollouts arrive while the trainer trains) and fixed-count trainers
+decide *what goes into a step* from a pool that fills over time. Two kinds of steps:
+
+* ``micro_batches_per_step=K``: every rank runs exactly ``K`` micro-batches, each under the
+  cap, filled with as many pending tokens as fit, oldest first (:mod:`seqbal.stream.fill`);
+* ``samples_per_step=S``: every step takes exactly ``S`` samples of whole groups, oldest first
+  (:mod:`seqbal.stream.exact`), planned into the fewest micro-batches, the same count on every
+  rank (:func:`seqbal.build_dp_schedule`).
+
+The planner's state is what was added and how many steps were taken; everything else is derived
+from it deterministically, so every rank that makes the same adds computes the same steps with
+no collective (the design of ``DistributedSampler``: one seed, everything derived). Where each
+rank sees only its own arrivals, ``dp_group`` gathers them once per step (one
+``all_gather_object``); every check after it runs on the same gathered data on every rank, so
+an error raises on all ranks alike and none is left waiting.
+
+A bounded wait is a promise about the future that arrivals could break, so it is checked where
+it is made: with ``max_wait_steps`` an :meth:`StepPlanner.add` that would put more in the pool
+than can be emitted in time is refused (a ``ValueError``, the pool unchanged), the back-pressure
+a rollout producer needs. Everything accepted is emitted in time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Optional, Sequence, Union
+
+import numpy as np
+
+from .cost import CostModel, as_cost_model
+from .partition import capped_balanced_partitions
+from .partition.packing import split_bins_to_count
+from .partition.sample_cap import within_sample_cap
+from .partition.parts import ceildiv
+from .stream import Pool, exact_selection, fill_bins, layout_bins
+from .stream.pool import Arrivals
+from .validation import int_argument
+
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES"]
+
+#: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
+#: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
+EVEN_SLOTS_MIN_SAMPLES = 128
+
+#: ``[rank][micro_batch]`` -> ascending sample indices.
+Step = list[list[list[int]]]
+
+
+class StepPlanner:
+    """Plans each training step from a pool of pending samples that fills over time.
+
+    Args:
+        max_token_len: hard cap on every micro-batch's cost (effective tokens by default).
+        num_replicas: data-parallel ranks every step is laid out over, >= 1.
+        micro_batches_per_step: ``K``: every step has exactly ``K`` micro-batches on every
+            rank, each non-empty (except a flush's dummies), filled with as many pending tokens
+            as fit. A step needs at least ``K * num_replicas`` pending groups.
+        samples_per_step: ``S``: every step takes exactly ``S`` samples (whole groups, oldest
+            first) and plans them into the fewest micro-batches, the same count on every rank;
+            ranks left without a group get empty micro-batches. Give exactly one of the two.
+        cost_model: what the cap bounds: None or ``"tokens"`` (effective tokens),
+            ``"padded"`` (samples x longest) or a :class:`seqbal.CostModel` with rounding.
+        max_samples_per_micro_batch: a second hard cap, on samples per micro-batch. Default None.
+        max_wait_steps: ``w``: a sample added before step ``t`` (``t`` steps already taken) is
+            emitted by step ``t + w`` (``w = 0``: in the very next step). The planner keeps the
+            promise by refusing arrivals beyond what it can emit in time: at most
+            ``(w + 1) * K * num_replicas`` groups pending (each step always takes the
+            ``K * num_replicas`` oldest), or ``(w + 1) * S`` samples with ``samples_per_step``,
+            where every group must then have the same size, a divisor of ``S`` (the oldest
+            ``S`` samples are then always a whole number of groups). Default None (no bound;
+            steps still prefer the oldest).
+        dp_group: a torch.distributed process group whose ranks each :meth:`add` only their
+            own arrivals: :meth:`next_step` gathers them (one collective per step) before
+            planning, so every rank plans the same steps. Indices must be unique across ranks.
+            Default None: every rank makes the same adds itself (no collective at all).
+        even_slots: ``micro_batches_per_step`` only: even out every slot's micro-batches across
+            ranks with the global schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`,
+            step 5), or only sort them into slots and place them on ranks. The evening costs
+            about a third of a millisecond per micro-batch of the step whatever the pool, so
+            None (the default) runs it when the pool holds at least
+            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step, where it stays
+            within a few best-fit-decreasing passes over the pool (docs/streams.md has the
+            figures).
+
+    Attributes:
+        steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
+
+    Examples:
+        Two ranks, two micro-batches each, under a cap of 10 tokens (a pool this small would
+        skip the slot evening by default):
+
+        >>> planner = StepPlanner(10, 2, micro_batches_per_step=2, even_slots=True)
+        >>> planner.add(range(6), [6, 5, 4, 3, 2, 9])
+        >>> planner.next_step()  # slot 0 holds 10 and 9 tokens, slot 1 holds 5 and 5
+        [[[0, 2], [3, 4]], [[5], [1]]]
+        >>> planner.pending, planner.next_step(), planner.next_step(flush=True)
+        (0, None, None)
+
+        Whole groups of 2 samples, 4 samples a step:
+
+        >>> planner = StepPlanner(8, 2, samples_per_step=4)
+        >>> planner.add([10, 11, 12, 13, 14, 15], [3, 3, 4, 2, 5, 1], groups=[0, 0, 1, 1, 2, 2])
+        >>> planner.next_step(), planner.pending
+        ([[[10, 11]], [[12, 13]]], 2)
+        >>> planner.next_step(flush=True)
+        [[[14, 15]], [[]]]
+    """
+
+    def __init__(
+        self,
+        max_token_len: int,
+        num_replicas: int,
+        *,
+        micro_batches_per_step: Optional[int] = None,
+        samples_per_step: Optional[int] = None,
+        cost_model: Union[None, str, CostModel] = None,
+        max_samples_per_micro_batch: Optional[int] = None,
+        max_wait_steps: Optional[int] = None,
+        dp_group: Any = None,
+        even_slots: Optional[bool] = None,
+    ) -> None:
+        self.max_token_len = int_argument("max_token_len", max_token_len)
+        self.num_replicas = int_argument("num_replicas", num_replicas)
+        self.micro_batches_per_step = int_argument("micro_batches_per_step", micro_batches_per_step, optional=True,
+                                                   expected="None or a positive int")
+        self.samples_per_step = int_argument("samples_per_step", samples_per_step, optional=True,
+                                             expected="None or a positive int")
+        if (self.micro_batches_per_step is None) == (self.samples_per_step is None):
+            raise ValueError(
+                f"give exactly one of micro_batches_per_step and samples_per_step, got "
+                f"micro_batches_per_step={micro_batches_per_step!r}, samples_per_step={samples_per_step!r}"
+            )
+        self.cost_model = as_cost_model(cost_model)
+        self.max_samples_per_micro_batch = int_argument(
+            "max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True, expected="None or a positive int")
+        self.max_wait_steps = int_argument("max_wait_steps", max_wait_steps, optional=True, minimum=0,
+                                           expected="None or an int >= 0")
+        if dp_group is not None:
+            from .collectives import is_process_group
+
+            if not is_process_group(dp_group):
+                raise ValueError(f"dp_group must be a torch.distributed ProcessGroup or None, got {dp_group!r}")
+        self.dp_group = dp_group
+        if even_slots is not None and not isinstance(even_slots, (bool, np.bool_)):
+            raise ValueError(f"even_slots must be None, True or False, got {even_slots!r}")
+        self.even_slots = even_slots
+        self.steps = 0
+        self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step)
+        self._staged: list[Arrivals] = []
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Samples still waiting (added, not yet emitted; with ``dp_group``, this rank's arrivals
+        since the last step count once gathered). O(1)."""
+        return self._pool.samples
+
+    def __repr__(self) -> str:
+        mode = (f"micro_batches_per_step={self.micro_batches_per_step}" if self.samples_per_step is None
+                else f"samples_per_step={self.samples_per_step}")
+        return (f"<StepPlanner max_token_len={self.max_token_len} num_replicas={self.num_replicas} {mode} "
+                f"steps={self.steps} pending={self.pending}>")
+
+    # -- arriving -----------------------------------------------------------------------------
+
+    def add(self, indices: Any, lengths: Any, groups: Optional[Sequence[Hashable]] = None) -> None:
+        """Add arrivals to the pool.
+
+        Args:
+            indices: a unique int per sample (a dataset row, a rollout id): the steps name
+                samples by these.
+            lengths: each sample's effective length (what the cost model measures).
+            groups: a group id per sample (GRPO: the prompt's uid), or None (a group per
+                sample). A group is never split; its samples arrive in one call.
+
+        Raises:
+            ValueError: a sample or group over the cap (naming its index and tokens), a group
+                of more samples than ``max_samples_per_micro_batch`` or ``samples_per_step``,
+                an index already pending or repeated, or (with ``max_wait_steps``) more than
+                can be emitted in time. The pool is then unchanged.
+
+        Complexity: O(n) for n arrivals (the pool is joined once per step).
+        """
+        taken: Optional[set[int]] = None
+        if self._staged:
+            taken = {i for a in self._staged for i in a.indices.tolist()}
+        arrivals = self._pool.prepare(indices, lengths, groups, also_taken=taken)
+        if self.dp_group is not None:
+            self._staged.append(arrivals)  # checked against everyone's arrivals when gathered
+            return
+        self._check_admission([arrivals])
+        self._pool.commit(arrivals, self.steps)
+
+    def _check_admission(self, incoming: list[Arrivals]) -> None:
+        """The ``max_wait_steps`` bound (see the class docstring), on the pool plus ``incoming``."""
+        w = self.max_wait_steps
+        if w is None:
+            return
+        if self.samples_per_step is None:
+            limit = (w + 1) * self.micro_batches_per_step * self.num_replicas
+            total = self._pool.group_count + sum(a.groups for a in incoming)
+            if total > limit:
+                raise ValueError(
+                    f"max_wait_steps={w}: the pool would hold {total} groups, more than the {limit} "
+                    f"((max_wait_steps + 1) x micro_batches_per_step x num_replicas) that can be emitted in time; "
+                    f"take a step first (nothing of this add was added)"
+                )
+            return
+        s = self.samples_per_step
+        sizes = [a.columns["samples"] for a in incoming]
+        first = self._pool.first_group_size()  # with this bound, every pending group has this size
+        flat = np.concatenate(sizes + ([np.array([first])] if first is not None else []))
+        if len(flat) and (int(flat.min()) != int(flat.max()) or s % int(flat[0])):
+            raise ValueError(
+                f"max_wait_steps={w} with samples_per_step={s} needs groups of one size that divides {s}, got "
+                f"group sizes {sorted(set(flat.tolist()))} (nothing of this add was added)"
+            )
+        total = self._pool.samples + sum(len(a.indices) for a in incoming)
+        if total > (w + 1) * s:
+            raise ValueError(
+                f"max_wait_steps={w}: the pool would hold {total} samples, more than the {(w + 1) * s} "
+                f"((max_wait_steps + 1) x samples_per_step) that can be emitted in time; take a step first "
+                f"(nothing of this add was added)"
+            )
+
+    def _gather(self) -> None:
+        """With ``dp_group``: every rank's staged arrivals into every rank's pool, in rank order.
+        One collective; every check runs on the gathered data, alike on every rank."""
+        from .collectives import gather_objects
+
+        facts = (self.max_token_len, self.num_replicas, self.micro_batches_per_step, self.samples_per_step,
+                 repr(self.cost_model), self.max_samples_per_micro_batch, self.max_wait_steps, self.steps,
+                 self._pool.samples)
+        staged, self._staged = self._staged, []  # refused or not, these arrivals leave the stage
+        everyone = gather_objects((facts, staged), self.dp_group)
+        names = ("max_token_len", "num_replicas", "micro_batches_per_step", "samples_per_step", "cost_model",
+                 "max_samples_per_micro_batch", "max_wait_steps", "steps taken", "samples pending")
+        for rank, (other, _) in enumerate(everyone):
+            for name, mine, theirs in zip(names, everyone[0][0], other):
+                if mine != theirs:
+                    raise ValueError(
+                        f"the ranks of dp_group disagree: rank 0 has {name}={mine!r}, rank {rank} has {theirs!r}; "
+                        f"every rank must build the same StepPlanner and take every step (this step's arrivals "
+                        f"were not added)"
+                    )
+        incoming = [a for _, arrivals in everyone for a in arrivals]
+        seen: dict[int, int] = {}
+        for rank, (_, arrivals) in enumerate(everyone):
+            for a in arrivals:
+                for i in a.indices.tolist():
+                    if i in seen:
+                        raise ValueError(
+                            f"index {i} was added by rank {seen[i]} and by rank {rank}; indices must be unique "
+                            f"across the ranks of dp_group (this step's arrivals were not added)"
+                        )
+                    seen[i] = rank
+        try:
+            self._check_admission(incoming)
+        except ValueError as error:
+            raise ValueError(f"{error} [the arrivals of every rank since the last step were not added]") from None
+        for arrivals in incoming:
+            self._pool.commit(arrivals, self.steps)
+
+    # -- planning -----------------------------------------------------------------------------
+
+    def next_step(self, flush: bool = False) -> Optional[Step]:
+        """Plan and take the next step.
+
+        Args:
+            flush: empty the pool: take what is pending even if it cannot fill a step; ranks
+                left without a group get empty micro-batches (dummies, last on their rank), so
+                every rank runs the same count. Repeated flushes empty the pool in as few steps
+                as the packing allows.
+
+        Returns:
+            ``step[rank][micro_batch]``: ascending sample indices, or None when the pool cannot
+            fill a step (fewer than ``K * num_replicas`` groups, or fewer than ``S`` samples
+            that make whole groups) and ``flush`` is False, or when it is empty. None takes no
+            step; the samples keep waiting.
+
+        Guarantees of every step: every micro-batch within the cap (and the sample cap); every
+        rank the same number of micro-batches (``K``, or the schedule's count); groups whole;
+        every sample emitted exactly once over the steps; deterministic.
+
+        Raises:
+            ValueError: with ``dp_group``, a disagreement of the ranks (settings, steps taken),
+                an index added on two ranks, or the ``max_wait_steps`` bound, on every rank alike.
+
+        Complexity: K mode O(p) NumPy work on a pool of p groups plus O(c * K * R) for the c
+        groups it visits; S mode O(p) plus :func:`seqbal.build_dp_schedule` on the S samples.
+        """
+        if self.dp_group is not None:
+            self._gather()
+        self._pool.consolidate()
+        if self.samples_per_step is None:
+            chosen = self._fixed_count_step(flush)
+        else:
+            chosen = self._fixed_samples_step(flush)
+        if chosen is None:
+            return None
+        positions, layout = chosen
+        members = self._pool.take(positions)
+        of = dict(zip(positions, members))
+        step = [[np.sort(np.concatenate([of[g] for g in mb])).tolist() if mb else [] for mb in rank] for rank in layout]
+        self.steps += 1
+        return step
+
+    def _capacity(self) -> int:
+        return self.max_token_len if self.cost_model.padded else self.cost_model.token_capacity(self.max_token_len)
+
+    def _fixed_count_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
+        pool, k, ranks = self._pool, self.micro_batches_per_step, self.num_replicas
+        columns = pool.columns
+        groups = len(columns["samples"])
+        count = k * ranks
+        if groups == 0 or (groups < count and not flush):
+            return None
+        bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
+                         mandatory=min(groups, count), padded=self.cost_model.padded,
+                         max_samples=self.max_samples_per_micro_batch)
+        even = self.even_slots
+        if even is None:
+            even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
+        return self._laid_out([b for b in bins if b], k, even)
+
+    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True) -> tuple[list[int], list[list[list[int]]]]:
+        """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool positions."""
+        columns = self._pool.columns
+        positions = sorted(g for b in bins for g in b)
+        local = {g: i for i, g in enumerate(positions)}
+        where = np.asarray(positions, dtype=np.int64)
+        tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
+        parts = [[local[g] for g in b] for b in bins]
+        total = per_rank * self.num_replicas
+        if total <= len(positions):  # enough groups for every micro-batch: none left empty
+            cost = columns["cost"][where]
+            balanced = None
+            if not self.cost_model.padded:  # the same groups, re-partitioned for even workloads within the cap
+                balanced = capped_balanced_partitions(cost, work, self._capacity(), total, feasible=parts)
+                if balanced is not None and self.max_samples_per_micro_batch is not None and not within_sample_cap(
+                        balanced, samples, self.max_samples_per_micro_batch):
+                    balanced = None
+            if balanced is not None:
+                parts = balanced
+            elif len(parts) < total:
+                parts = split_bins_to_count(parts, cost, total, weights=work)
+        layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
+                             self.num_replicas, per_rank, padded=self.cost_model.padded,
+                             max_samples=self.max_samples_per_micro_batch, even=even)
+        return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
+
+    def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
+        from .schedule import build_dp_schedule
+
+        pool, target = self._pool, self.samples_per_step
+        columns = pool.columns
+        if pool.samples == 0 or (pool.samples < target and not flush):
+            return None
+        chosen = exact_selection(columns["samples"], target, exact=True)
+        if chosen is None:
+            if not flush:
+                return None
+            chosen = exact_selection(columns["samples"], target, exact=False)
+        where = np.asarray(chosen, dtype=np.int64)
+        ranks = self.num_replicas
+        if len(chosen) >= ranks:
+            offsets = pool.offsets()
+            sizes = columns["samples"][where]
+            sample_pos = np.concatenate([np.arange(offsets[g], offsets[g] + sizes[i]) for i, g in enumerate(chosen)])
+            group_of = np.repeat(np.arange(len(chosen)), sizes)
+            try:
+                schedule = build_dp_schedule(
+                    pool.lengths[sample_pos], ranks, self.max_token_len, group_ids=group_of.tolist(),
+                    cost_model=self.cost_model, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+                )
+            except ValueError:  # too few groups for the count every rank needs: dummies below
+                schedule = None
+            if schedule is not None:
+                layout = [[sorted({chosen[int(group_of[i])] for i in mb}) for mb in rank]
+                          for rank in schedule.micro_batches]
+                return sorted(chosen), layout
+        # Fewer groups than the ranks need: the fewest micro-batches (best fit), dummies for the rest.
+        bins = fill_bins(columns["cost"][where], columns["samples"][where], columns["longest"][where], len(chosen),
+                         self._capacity(), mandatory=len(chosen), padded=self.cost_model.padded,
+                         max_samples=self.max_samples_per_micro_batch)
+        bins = [[chosen[i] for i in b] for b in bins if b]
+        return self._laid_out(bins, ceildiv(len(bins), ranks))
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The planner's whole state (plain lists and ints): the steps taken and the pool.
+        With ``dp_group``, take it right after :meth:`next_step` (arrivals staged since are
+        this rank's own and are not included). O(pool)."""
+        return {"version": 1, "steps": self.steps, "pool": self._pool.state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output: the next steps are those the saved planner would
+        have taken. O(pool).
+
+        >>> a = StepPlanner(10, 1, micro_batches_per_step=1); a.add([1, 2, 3], [4, 5, 6])
+        >>> b = StepPlanner(10, 1, micro_batches_per_step=1); b.load_state_dict(a.state_dict())
+        >>> a.next_step() == b.next_step(), b.pending
+        (True, 1)
+        """
+        if not isinstance(state, dict) or state.get("version") != 1:
+            raise ValueError(f"not a StepPlanner state (version 1): {type(state).__name__}")
+        self.steps = int(state["steps"])
+        self._pool.load(state["pool"])
+        self._staged = []

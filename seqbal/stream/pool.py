@@ -1,0 +1,248 @@
+"""The pending pool of a step planner: whole groups in arrival order, as NumPy arrays.
+
+Arrivals are checked completely before anything changes (:meth:`Pool.prepare` returns the
+checked groups, :meth:`Pool.commit` appends them), so a refused :meth:`add` leaves the pool as
+it was: nothing already added is lost. Groups are kept group-major (a group's samples
+contiguous) with per-group columns (cost alone, samples, longest, workload, the step it arrived
+before), so that choosing a step works on whole-pool vectors, and taking a step compacts every
+column with one boolean mask. New arrivals are buffered as chunks and joined once per step,
+so ``n`` small adds cost O(n) in total, not O(n * pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable, Optional, Sequence
+
+import numpy as np
+
+from ..cost import CostModel
+from ..validation import int_array
+from ..workload import balance_workloads
+
+#: Per-group columns, in arrival order.
+GROUP_COLUMNS = ("cost", "tokens", "samples", "longest", "work", "born")
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Checked arrivals, group-major, ready to :meth:`Pool.commit`.
+
+    Attributes:
+        indices: the samples' indices, a group's samples contiguous, in order of first
+            appearance of each group (and of the samples inside it).
+        lengths: their effective lengths.
+        columns: each of :data:`GROUP_COLUMNS` but ``born``, one entry per group.
+    """
+
+    indices: np.ndarray
+    lengths: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    @property
+    def groups(self) -> int:
+        return len(self.columns["samples"])
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, dtype=np.int64)
+
+
+class Pool:
+    """Pending groups in arrival order (see the module docstring).
+
+    Args:
+        max_token_len: the cap every group must fit alone.
+        cost: the cost model the cap applies to.
+        max_samples: the cap on a micro-batch's samples (a group must fit it), or None.
+        max_group_samples: the most samples a group may have (``samples_per_step``), or None.
+    """
+
+    def __init__(self, max_token_len: int, cost: CostModel, max_samples: Optional[int],
+                 max_group_samples: Optional[int]) -> None:
+        self.max_token_len = max_token_len
+        self.cost_model = cost
+        self.capacity = cost.sample_capacity(max_token_len)
+        self.max_samples = max_samples
+        self.max_group_samples = max_group_samples
+        self.indices, self.lengths = _empty(), _empty()
+        self.columns = {name: _empty() for name in GROUP_COLUMNS}
+        self._chunks: list[tuple[Arrivals, int]] = []
+        self._ids: set[int] = set()
+        self._groups = 0
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def samples(self) -> int:
+        """Samples pending. O(1) amortised."""
+        return len(self._ids)
+
+    @property
+    def group_count(self) -> int:
+        """Groups pending. O(1)."""
+        return self._groups
+
+    def first_group_size(self) -> Optional[int]:
+        """Samples of the oldest pending group, None if none. O(1)."""
+        if len(self.columns["samples"]):
+            return int(self.columns["samples"][0])
+        return int(self._chunks[0][0].columns["samples"][0]) if self._chunks else None
+
+    def consolidate(self) -> None:
+        """Join the buffered arrivals into the columns. O(pool) once per step."""
+        if not self._chunks:
+            return
+        self.indices = np.concatenate([self.indices] + [a.indices for a, _ in self._chunks])
+        self.lengths = np.concatenate([self.lengths] + [a.lengths for a, _ in self._chunks])
+        for name in GROUP_COLUMNS:
+            parts = [self.columns[name]]
+            for arrivals, born in self._chunks:
+                parts.append(np.full(arrivals.groups, born, dtype=np.int64) if name == "born" else arrivals.columns[name])
+            self.columns[name] = np.concatenate(parts)
+        self._chunks = []
+
+    def offsets(self) -> np.ndarray:
+        """Start of every group's samples in :attr:`indices` (consolidated first)."""
+        self.consolidate()
+        samples = self.columns["samples"]
+        return np.cumsum(samples) - samples
+
+    # -- arriving -----------------------------------------------------------------------------
+
+    def prepare(self, indices: Any, lengths: Any, groups: Optional[Sequence[Hashable]] = None,
+                also_taken: Optional[set[int]] = None) -> Arrivals:
+        """Check arrivals against the caps and the pending indices; change nothing.
+
+        Args:
+            indices: a unique int per sample (any ints: dataset rows, rollout ids).
+            lengths: each sample's effective length.
+            groups: a group id per sample, or None (a group per sample). A group's samples
+                arrive in one call: equal ids in different calls are different groups.
+            also_taken: more indices that count as pending (arrivals gathered from other ranks
+                in the same step).
+
+        Raises:
+            ValueError: mismatched lengths, a non-int index, a negative length, an index
+                already pending or repeated, a sample or group over the cap, a group of more
+                samples than ``max_samples_per_micro_batch`` (or ``samples_per_step``).
+
+        Complexity: O(n) for ``n`` arrivals.
+        """
+        index_array = int_array(indices, "indices", integral_floats=False, negative=True, sums=False)
+        length_array = int_array(lengths, "lengths", samples=True, integral_floats=False)
+        n = len(index_array)
+        if len(length_array) != n:
+            raise ValueError(f"indices has {n} entries but lengths has {len(length_array)}")
+        if groups is not None:
+            groups = list(groups)
+            if len(groups) != n:
+                raise ValueError(f"groups has {len(groups)} entries but indices has {n}")
+        values = index_array.tolist()
+        if len(set(values)) != n:
+            seen: set[int] = set()
+            repeated = next(v for v in values if v in seen or seen.add(v))  # type: ignore[func-returns-value]
+            raise ValueError(f"index {repeated} appears more than once in this add")
+        clash = next((v for v in values if v in self._ids or (also_taken is not None and v in also_taken)), None)
+        if clash is not None:
+            raise ValueError(f"index {clash} is already pending; every pending sample needs its own index")
+        # group-major order: groups by first appearance, samples in order inside each
+        if groups is None:
+            order = np.arange(n, dtype=np.int64)
+            sizes = np.ones(n, dtype=np.int64)
+            names: list[Hashable] = values
+        else:
+            members: dict[Hashable, list[int]] = {}
+            for position, gid in enumerate(groups):
+                try:
+                    members.setdefault(gid, []).append(position)
+                except TypeError:
+                    raise ValueError(f"groups[{position}]={gid!r} is not hashable") from None
+            order = np.fromiter((p for m in members.values() for p in m), dtype=np.int64, count=n)
+            sizes = np.fromiter(map(len, members.values()), dtype=np.int64, count=len(members))
+            names = list(members)
+        index_array, length_array = index_array[order], length_array[order]
+        rounded = self.cost_model.rounded(length_array)
+        under = "" if self.cost_model.is_default else f" under the {self.cost_model}"
+        over = np.nonzero(rounded > self.capacity)[0]
+        if len(over):
+            i = int(over[0])
+            raise ValueError(
+                f"sample {int(index_array[i])} has {int(length_array[i])} tokens{under}, which exceeds "
+                f"max_token_len={self.max_token_len} ({len(over)} sample(s) of this add over the cap); nothing "
+                f"of this add was added"
+            )
+        starts = np.cumsum(sizes) - sizes
+        tokens = np.add.reduceat(rounded, starts) if n else _empty()
+        longest = np.maximum.reduceat(rounded, starts) if n else _empty()
+        work = np.add.reduceat(balance_workloads(rounded), starts) if n else _empty()
+        if self.cost_model.padded:
+            cost = sizes * longest
+            capacity = self.max_token_len
+        else:
+            cost = tokens
+            capacity = self.cost_model.token_capacity(self.max_token_len)
+        over = np.nonzero(cost > capacity)[0]
+        if len(over):
+            g = int(over[0])
+            group = index_array[starts[g]:starts[g] + sizes[g]].tolist()
+            raise ValueError(
+                f"group exceeds max_token_len: group {names[g]!r} (indices {group}) costs {int(cost[g])} "
+                f"tokens{under} > max_token_len={self.max_token_len}; nothing of this add was added"
+            )
+        for cap, what in ((self.max_samples, "max_samples_per_micro_batch"), (self.max_group_samples, "samples_per_step")):
+            if cap is not None and n and int(sizes.max()) > cap:
+                g = int(np.argmax(sizes))
+                raise ValueError(
+                    f"group {names[g]!r} has {int(sizes[g])} samples, which exceeds {what}={cap}: a group is "
+                    f"never split; nothing of this add was added"
+                )
+        columns = {"cost": cost.astype(np.int64), "tokens": tokens.astype(np.int64), "samples": sizes,
+                   "longest": longest.astype(np.int64), "work": work.astype(np.int64)}
+        return Arrivals(index_array, length_array, columns)
+
+    def commit(self, arrivals: Arrivals, born: int) -> None:
+        """Append checked arrivals, stamped with the step they arrived before. O(n)."""
+        if arrivals.groups:
+            self._chunks.append((arrivals, born))
+            self._groups += arrivals.groups
+            self._ids.update(arrivals.indices.tolist())
+
+    # -- leaving ------------------------------------------------------------------------------
+
+    def take(self, positions: Sequence[int]) -> list[np.ndarray]:
+        """Remove the groups at ``positions`` (consolidated positions); return each one's
+        sample indices, in the order of ``positions``. O(pool)."""
+        self.consolidate()
+        offsets = self.offsets()
+        samples = self.columns["samples"]
+        before = self.indices  # the views below stay valid: the columns are replaced, not changed
+        positions = np.asarray(positions, dtype=np.int64)
+        taken = [before[start:start + size] for start, size in zip(offsets[positions].tolist(), samples[positions].tolist())]
+        keep_group = np.ones(len(samples), dtype=bool)
+        keep_group[np.asarray(positions, dtype=np.int64)] = False
+        keep_sample = np.repeat(keep_group, samples)
+        self._ids.difference_update(before[~keep_sample].tolist())
+        self.indices, self.lengths = before[keep_sample], self.lengths[keep_sample]
+        for name in GROUP_COLUMNS:
+            self.columns[name] = self.columns[name][keep_group]
+        self._groups -= len(taken)
+        return taken
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, list[int]]:
+        """Everything pending, as plain lists (a checkpoint)."""
+        self.consolidate()
+        out = {"indices": self.indices.tolist(), "lengths": self.lengths.tolist()}
+        out.update({name: self.columns[name].tolist() for name in GROUP_COLUMNS})
+        return out
+
+    def load(self, state: dict[str, list[int]]) -> None:
+        """Restore :meth:`state`'s output exactly."""
+        self._chunks = []
+        self.indices = np.asarray(state["indices"], dtype=np.int64)
+        self.lengths = np.asarray(state["lengths"], dtype=np.int64)
+        self.columns = {name: np.asarray(state[name], dtype=np.int64) for name in GROUP_COLUMNS}
+        self._ids = set(self.indices.tolist())
+        self._groups = len(self.columns["samples"])

@@ -1,0 +1,220 @@
+"""StepPlanner: documented cases, and every promise under random arrival streams (hypothesis),
+all through the one checker of tests/step_invariants.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seqbal import CostModel, StepPlanner
+from seqbal.stream import fill_bins
+from tests.step_invariants import Tracker
+
+
+def run_stream(planner: StepPlanner, tracker: Tracker, ops: list) -> None:
+    """Apply ``ops`` (``("add", indices, lengths, groups)`` or ``("step", flush)``), checking every
+    step and every refused add; then flush until empty and check that nothing was lost."""
+    for op in ops:
+        if op[0] == "add":
+            _, indices, lengths, groups = op
+            before = planner.pending
+            try:
+                planner.add(indices, lengths, groups)
+            except ValueError:
+                assert planner.pending == before, "a refused add changed the pool"
+                continue
+            tracker.added(indices, lengths, groups)
+            assert planner.pending == tracker.pending
+        else:
+            tracker.check_step(planner.next_step(flush=op[1]), op[1])
+            assert planner.pending == tracker.pending
+    for _ in range(10 * len(tracker.length) + 2):
+        step = planner.next_step(flush=True)
+        tracker.check_step(step, True)
+        if step is None:
+            break
+    assert planner.pending == 0 and tracker.pending == 0
+    assert tracker.emitted == set(tracker.length), "a sample accepted and never emitted"
+
+
+@st.composite
+def streams(draw):
+    ranks = draw(st.integers(1, 4))
+    cap = draw(st.integers(8, 64))
+    fixed_count = draw(st.booleans())
+    k = draw(st.integers(1, 3)) if fixed_count else None
+    s = None if fixed_count else draw(st.integers(1, 12))
+    cost = draw(st.sampled_from([None, "padded", CostModel(round_to=4), CostModel(pack_round_to=8)]))
+    max_samples = draw(st.one_of(st.none(), st.integers(2, 6)))
+    wait = draw(st.one_of(st.none(), st.integers(0, 3)))
+    equal = draw(st.booleans())  # equal group sizes (GRPO) or mixed
+    size = draw(st.integers(1, 3))
+    if s is not None and wait is not None:
+        size = draw(st.sampled_from([d for d in range(1, min(s, 3) + 1) if s % d == 0]))
+        equal = True
+    ops, next_index = [], 0
+    for _ in range(draw(st.integers(1, 14))):
+        if draw(st.integers(0, 2)):
+            groups = draw(st.integers(1, 5))
+            sizes = [size if equal else draw(st.integers(1, 3)) for _ in range(groups)]
+            n = sum(sizes)
+            top = cap + 4 if draw(st.integers(0, 9)) == 0 else max(1, cap // 3)  # sometimes over the cap
+            lengths = draw(st.lists(st.integers(0, top), min_size=n, max_size=n))
+            indices = list(range(next_index, next_index + n))
+            next_index += n
+            ops.append(("add", indices, lengths, [g for g, c in enumerate(sizes) for _ in range(c)]))
+        else:
+            ops.append(("step", draw(st.integers(0, 4)) == 0))
+    even = draw(st.sampled_from([None, True, False]))
+    return dict(ranks=ranks, cap=cap, k=k, s=s, cost=cost, max_samples=max_samples, wait=wait, even=even), ops
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams())
+def test_every_promise_under_random_streams(case):
+    config, ops = case
+    planner = StepPlanner(config["cap"], config["ranks"], micro_batches_per_step=config["k"],
+                          samples_per_step=config["s"], cost_model=config["cost"],
+                          max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
+                          even_slots=config["even"])
+    tracker = Tracker(config["cap"], config["ranks"], k=config["k"], s=config["s"], cost=config["cost"],
+                      max_samples=config["max_samples"], wait=config["wait"])
+    run_stream(planner, tracker, ops)
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams())
+def test_deterministic_and_resumable(case):
+    """The same adds give the same steps; a planner restored from a checkpoint mid-stream takes
+    the steps the original would have taken."""
+    config, ops = case
+    kwargs = dict(micro_batches_per_step=config["k"], samples_per_step=config["s"], cost_model=config["cost"],
+                  max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
+                  even_slots=config["even"])
+    a, b = (StepPlanner(config["cap"], config["ranks"], **kwargs) for _ in range(2))
+    restored = None
+    for position, op in enumerate(ops + [("step", True)] * 3):
+        if position == len(ops) // 2:
+            restored = StepPlanner(config["cap"], config["ranks"], **kwargs)
+            restored.load_state_dict(a.state_dict())
+        planners = [p for p in (a, b, restored) if p is not None]
+        if op[0] == "add":
+            outcomes = []
+            for p in planners:
+                try:
+                    p.add(*op[1:])
+                    outcomes.append(None)
+                except ValueError as error:
+                    outcomes.append(str(error))
+            assert len(set(outcomes)) == 1
+        else:
+            steps = [p.next_step(flush=op[1]) for p in planners]
+            assert all(step == steps[0] for step in steps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_fill_leaves_out_only_what_fits_nowhere(data):
+    """Every group left out of a filled step fits in no micro-batch's room: the step holds as
+    many pending groups as greedy filling can place (the token cost)."""
+    n = data.draw(st.integers(1, 40))
+    cap = data.draw(st.integers(5, 50))
+    cost = np.array(data.draw(st.lists(st.integers(0, cap), min_size=n, max_size=n)), dtype=np.int64)
+    count = data.draw(st.integers(1, 6))
+    mandatory = min(n, count)
+    bins = fill_bins(cost, np.ones(n, np.int64), cost, count, cap, mandatory=mandatory)
+    loads = [int(cost[b].sum()) for b in bins]
+    assert max(loads) <= cap
+    placed = {g for b in bins for g in b}
+    assert set(range(mandatory)) <= placed
+    for g in set(range(n)) - placed:
+        assert all(load + int(cost[g]) > cap for load in loads), f"group {g} fits but was left out"
+
+
+def test_k_mode_returns_none_until_enough_groups_then_fills():
+    planner = StepPlanner(100, 2, micro_batches_per_step=2)
+    planner.add([0, 1, 2], [50, 50, 50])
+    assert planner.next_step() is None and planner.pending == 3
+    planner.add([3, 4, 5, 6, 7], [50, 50, 50, 60, 60])
+    step = planner.next_step()
+    assert sorted(len(rank) for rank in step) == [2, 2]
+    # six 50s fill three micro-batches, one 60 the fourth; the other 60 waits
+    assert sorted(sum(50 if i < 6 else 60 for i in mb) for rank in step for mb in rank) == [60, 100, 100, 100]
+    assert planner.pending == 1
+
+
+def test_over_cap_add_names_the_sample_and_keeps_the_pool():
+    planner = StepPlanner(10, 1, micro_batches_per_step=1)
+    planner.add([1, 2], [3, 4])
+    with pytest.raises(ValueError, match="sample 8 has 11 tokens, which exceeds max_token_len=10"):
+        planner.add([7, 8], [2, 11])
+    with pytest.raises(ValueError, match="group exceeds max_token_len: group 'g'"):
+        planner.add([7, 8], [6, 6], groups=["g", "g"])
+    with pytest.raises(ValueError, match="index 2 is already pending"):
+        planner.add([2], [1])
+    assert planner.pending == 2
+    assert planner.next_step() == [[[1, 2]]]
+
+
+def test_max_wait_steps_refuses_what_cannot_be_emitted_in_time():
+    planner = StepPlanner(10, 1, micro_batches_per_step=2, max_wait_steps=1)
+    planner.add(range(4), [9, 9, 9, 9])
+    with pytest.raises(ValueError, match=r"would hold 5 groups, more than the 4"):
+        planner.add([4], [9])
+    assert planner.pending == 4
+    assert planner.next_step() == [[[0], [1]]]
+    planner.add([4], [9])
+    assert planner.next_step() == [[[2], [3]]]
+
+
+def test_flush_pads_with_dummies_last():
+    planner = StepPlanner(10, 3, micro_batches_per_step=2)
+    planner.add(range(4), [6, 6, 6, 6])
+    step = planner.next_step(flush=True)
+    assert [len(rank) for rank in step] == [2, 2, 2]
+    assert sorted(i for rank in step for mb in rank for i in mb) == [0, 1, 2, 3]
+    assert sum(1 for rank in step for mb in rank if not mb) == 2
+    assert planner.next_step(flush=True) is None
+
+
+def test_samples_per_step_reuses_the_schedule():
+    from seqbal import build_dp_schedule
+
+    lengths = [5, 3, 7, 2, 4, 5, 1, 4]
+    planner = StepPlanner(10, 2, samples_per_step=8)
+    planner.add(range(8), lengths, groups=[0, 0, 1, 1, 2, 2, 3, 3])
+    step = planner.next_step()
+    schedule = build_dp_schedule(lengths, 2, 10, group_ids=[0, 0, 1, 1, 2, 2, 3, 3])
+    assert step == [[list(mb) for mb in rank] for rank in schedule.micro_batches]
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="exactly one of"):
+        StepPlanner(10, 2)
+    with pytest.raises(ValueError, match="exactly one of"):
+        StepPlanner(10, 2, micro_batches_per_step=1, samples_per_step=4)
+    with pytest.raises(ValueError, match="num_replicas"):
+        StepPlanner(10, 0, micro_batches_per_step=1)
+    with pytest.raises(ValueError, match="max_wait_steps"):
+        StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=-1)
+    with pytest.raises(ValueError, match="group sizes"):
+        StepPlanner(10, 1, samples_per_step=4, max_wait_steps=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
+    with pytest.raises(ValueError, match="exceeds samples_per_step=2"):
+        StepPlanner(10, 1, samples_per_step=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
+
+
+def test_streams_benchmark_runs_and_holds_the_cap():
+    """The benchmark's simulation on a few ticks: the planner's rows never exceed the cap and
+    leave nothing pending when arrivals are below capacity; the cost table has its rows."""
+    from seqbal import CostModel
+    from benchmarks import streams
+
+    ticks = streams.arrivals(4, 30, seed=1)
+    result = streams.simulate(streams.Planner(), ticks, CostModel())
+    assert result["steps"] == 4 and result["over"] == 0 and result["pending"] == 0
+    assert result["count"] == str(streams.K)
+    nextfit = streams.simulate(streams.NextFit(), ticks, CostModel())
+    assert nextfit["over"] == 0
+    assert len(streams.cost_table([400], 1)) == 3
