@@ -30,10 +30,11 @@ O(K log K) each), plus O(d log K) in Python for ``d`` set-aside items; memory O(
 
 from __future__ import annotations
 
-import bisect
 from typing import Optional
 
 import numpy as np
+
+from .bins import _SortedPairs
 
 __all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "fresh_mix_bins", "noisy_best_fit_bins", "deal_slots"]
 
@@ -151,62 +152,27 @@ def _best_fit_into(
 ) -> bool:
     """Place ``items`` (largest first) each into the bin with the least room that still fits
     it and has fewer than ``item_limit`` items; update the arrays in place. False as soon as one
-    fits nowhere (or at once, when their total exceeds the room left). O(d log K)."""
+    fits nowhere (or at once, when their total exceeds the room left). O(d log K) with the
+    blocked sorted list of ``(room, bin)`` pairs the local search uses."""
     num_bins = len(loads)
     open_bins = np.flatnonzero(counts < item_limit)
     rooms = capacity - loads[open_bins]
     if int(costs[items].sum()) > int(rooms.sum()):
         return False
-    index = _RoomIndex(np.sort(rooms * num_bins + open_bins).tolist())
+    index = _SortedPairs(zip(rooms.tolist(), open_bins.tolist()))  # (room, bin): least room first
     for item in items[np.argsort(-costs[items], kind="stable")].tolist():
         size = int(costs[item])
-        key = index.pop_at_least(size * num_bins)
-        if key is None:
+        pair = index.first_at_least((size, -1))
+        if pair is None:
             return False
-        room, target = divmod(key, num_bins)
+        index.remove(pair)
+        room, target = pair
         assigned[item] = target
         loads[target] += size
         counts[target] += 1
         if counts[target] < item_limit:
-            index.insert((room - size) * num_bins + target)
+            index.add((room - size, target))
     return True
-
-
-class _RoomIndex:
-    """Sorted ints in blocks of at most ``2 * BLOCK`` with each block's largest in ``maxes``: the
-    smallest key ``>= probe`` is two binary searches away, and an update shifts one block rather
-    than every open bin (a flat list is a memmove of all keys per update). O(log K) per call."""
-
-    BLOCK = 512
-
-    def __init__(self, keys: list) -> None:
-        self.blocks = [keys[i:i + self.BLOCK] for i in range(0, len(keys), self.BLOCK)]
-        self.maxes = [block[-1] for block in self.blocks]
-
-    def pop_at_least(self, probe: int) -> Optional[int]:
-        i = bisect.bisect_left(self.maxes, probe)
-        if i == len(self.maxes):
-            return None
-        block = self.blocks[i]
-        key = block.pop(bisect.bisect_left(block, probe))
-        if not block:
-            del self.blocks[i], self.maxes[i]
-        else:
-            self.maxes[i] = block[-1]
-        return key
-
-    def insert(self, key: int) -> None:
-        i = min(bisect.bisect_left(self.maxes, key), len(self.maxes) - 1)
-        if i < 0:
-            self.blocks.append([key])
-            self.maxes.append(key)
-            return
-        block = self.blocks[i]
-        bisect.insort(block, key)
-        self.maxes[i] = block[-1]
-        if len(block) > 2 * self.BLOCK:
-            self.blocks[i:i + 1] = [block[:self.BLOCK], block[self.BLOCK:]]
-            self.maxes[i:i + 1] = [block[self.BLOCK - 1], block[-1]]
 
 
 def noisy_best_fit_bins(
@@ -239,21 +205,22 @@ def noisy_best_fit_bins(
     item_limit = n if max_items is None else int(max_items)
     keys = costs * (1.0 + noise * rng.random(n))
     order = np.lexsort((np.arange(n), -keys))
-    index = _RoomIndex([])
+    index = _SortedPairs([])  # (room, bin) of the open bins
     members: list[list[int]] = []
     for item in order.tolist():
         size = int(costs[item])
-        key = index.pop_at_least(size * n)
-        if key is None:
+        pair = index.first_at_least((size, -1))
+        if pair is None:
             if len(members) == num_bins:
                 return None
             room, target = capacity, len(members)
             members.append([])
         else:
-            room, target = divmod(key, n)
+            index.remove(pair)
+            room, target = pair
         members[target].append(item)
         if len(members[target]) < item_limit:
-            index.insert((room - size) * n + target)
+            index.add((room - size, target))
     if len(members) < num_bins:
         members = split_bins_to_count(members, costs, num_bins)
     assigned = np.empty(n, dtype=np.int64)
