@@ -107,19 +107,50 @@ def test_one_step_is_the_gradient_of_the_full_batch_token_mean(world, tmp_path):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_resuming_mid_epoch_gives_the_remaining_batches(world, tmp_path):
-    """A run resumed one step into epoch 1 forwards exactly what the uninterrupted run forwarded
-    from that step on, rank by rank (accelerate's shard and skip wrappers do not forward
-    set_epoch; the sampler must still be in epoch 1)."""
+    """A run resumed one step into epoch 1, or into epoch 2, forwards exactly what the
+    uninterrupted run forwarded from that step on, rank by rank (accelerate's shard and skip
+    wrappers do not forward set_epoch; the sampler must still be in the resumed epoch). On
+    transformers 5.25 the skip goes through ``Trainer.get_resumed_dataloader``."""
     records = launch("resume", world, tmp_path)
     assert all("error" not in r for r in records), [r.get("error") for r in records]
     for r in records:
         per_epoch = r["steps_per_epoch"] * GA
-        full, resumed = r["full"], r["resumed"]
-        assert per_epoch >= 2 * GA and len(full) == 2 * per_epoch
-        assert full[:per_epoch] != full[per_epoch:]  # epoch 1 is reshuffled: the check has teeth
-        assert r["global_step"] == 2 * r["steps_per_epoch"]
-        assert resumed == full[r["resume_step"] * GA:], r["rank"]
+        full = r["full"]
+        assert per_epoch >= 2 * GA and len(full) == 3 * per_epoch
+        epochs = [full[e * per_epoch:(e + 1) * per_epoch] for e in range(3)]
+        assert epochs[0] != epochs[1] != epochs[2] != epochs[0]  # every epoch reshuffled: the check has teeth
+        assert [resume["epoch"] for resume in r["resumes"]] == [1, 2]
+        for resume in r["resumes"]:
+            assert resume["global_step"] == 3 * r["steps_per_epoch"]
+            assert resume["forwarded"] == full[resume["step"] * GA:], (r["rank"], resume["epoch"])
+            # transformers skips one optimizer step's micro-batches of the resumed epoch
+            assert resume["skipped"] == ([GA] if r["has_resumed_dataloader"] else [])
+    assert r["has_resumed_dataloader"] == hasattr(transformers.Trainer, "get_resumed_dataloader")
     assert world == 1 or records[0]["full"] != records[1]["full"]  # each rank its own micro-batches
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_packed_sequences_that_would_attend_to_each_other_stop_training(world, tmp_path):
+    """The first training batch of a padding-free run raises on every rank exactly where
+    transformers would let the packed sequences attend to each other (the ground truth: the
+    first batch's packed logits against one forward per sequence, with the same arguments and
+    model state), with and without gradient checkpointing, in a plain Trainer and SFTTrainer."""
+    records = launch("guard", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    for r in records:
+        assert [c["case"] for c in r["cases"]] == [list(case) for case in workers.GUARD_CASES]
+        for case in r["cases"]:
+            crossed = case["logit_error"] > 1e-3
+            assert crossed or case["logit_error"] < 1e-5, case  # clearly one or the other
+            assert (case["error"] is not None) == crossed, case
+            if crossed:
+                assert "would attend to each other" in case["error"] and "use_cache" in case["error"], case
+                assert case["global_step"] == 0, case  # raised before the first update
+            else:
+                assert case["global_step"] == 1, case
+        kinds = {tuple(c["case"]): c for c in r["cases"]}
+        assert kinds[("trainer", True, False, "sdpa")]["error"] is not None  # the test has teeth
+        assert kinds[("sft", True, False, "sdpa")]["first_use_cache"] is False  # SFTTrainer's own use_cache=False
 
 
 def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
@@ -148,4 +179,27 @@ def test_install_uninstall_restores_only_its_own_patch():
         seqbal_trl.install(0)
     with pytest.raises(ValueError, match="max_samples_per_micro_batch must be a positive int"):
         seqbal_trl.install(64, max_samples_per_micro_batch=0)
+    assert not seqbal_trl.is_installed()
+
+
+def test_install_takes_numpy_integers_and_names_the_callers_arguments():
+    import numpy as np
+
+    import seqbal.integrations.trl as seqbal_trl
+    from seqbal.integrations.trl import _settings
+
+    try:
+        seqbal_trl.install(np.int64(8192), max_samples_per_micro_batch=np.int32(4))
+        assert _settings["max_token_len"] == 8192 and type(_settings["max_token_len"]) is int
+        assert _settings["max_samples_per_micro_batch"] == 4 and type(_settings["max_samples_per_micro_batch"]) is int
+    finally:
+        seqbal_trl.uninstall()
+    for bad, name in [(True, "max_token_len"), (np.bool_(True), "max_token_len"), (np.int64(0), "max_token_len"),
+                      (8192.0, "max_token_len"), ("8192", "max_token_len")]:
+        with pytest.raises(ValueError, match=f"^{name} must be a positive int, got"):
+            seqbal_trl.install(bad)
+    with pytest.raises(ValueError, match="^max_samples_per_micro_batch must be a positive int"):
+        seqbal_trl.install(64, max_samples_per_micro_batch=np.float64(2))
+    with pytest.raises(ValueError, match="^cost_model must be"):
+        seqbal_trl.install(64, cost_model="quadratic")
     assert not seqbal_trl.is_installed()
