@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -158,6 +159,73 @@ def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
     for r in records:
         assert "exceeds max_token_len=96" in r.get("error", ""), r
         assert f"{workers.CAP + 5} tokens" in r["error"]
+
+
+def documented(info_word: str, language: str = "python") -> list[tuple[str, int]]:
+    """(code, line) of docs/trl.md's blocks in ``language`` whose info string has ``info_word``."""
+    from .test_docs import blocks
+
+    return [(code, line) for info, code, line in blocks(ROOT / "docs" / "trl.md")
+            if info.split()[:1] == [language] and (not info_word or info_word in info.split())]
+
+
+def run_documented(command: list[str], what: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1")  # nothing may be downloaded
+    done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=what)
+    assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stdout
+
+
+def example_commands() -> list[list[str]]:
+    """The example's commands as docs/trl.md writes them (torchrun through this interpreter, on a
+    free port)."""
+    commands = []
+    for code, _ in documented("", "bash"):
+        for line in code.splitlines():
+            words = line.split(" #")[0].split()
+            if words[:2] == ["python", "examples/trl_sft.py"]:
+                commands.append([sys.executable] + words[1:])
+            elif words[:1] == ["torchrun"]:
+                commands.append([sys.executable, "-m", "torch.distributed.run", "--standalone"] + words[1:])
+    return commands
+
+
+ROW = re.compile(r"^(trl|seqbal)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+) -> ([\d.]+)$", re.M)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_documented_example_runs_as_written(world):
+    """docs/trl.md's recipe, ``examples/trl_sft.py``, on 1 and 2 ranks: seqbal keeps every
+    forward within the cap with the same forwards on every rank; TRL's own batching, sized for
+    the mean, does not (the example shows a real difference)."""
+    commands = example_commands()
+    assert len(commands) == 2, commands
+    command = [c for c in commands if (f"--nproc_per_node={world}" in c) == (world > 1)][0]
+    out = run_documented(command, f"the example on {world} rank(s)")
+    assert "check: OK" in out
+    cap = int(re.search(r"cap (\d+) tokens per forward", out).group(1))
+    rows = [m.groups() for m in ROW.finditer(out)]
+    assert [(r[0], int(r[1])) for r in rows] == [(route, rank) for route in ("trl", "seqbal") for rank in range(world)]
+    by_route = {route: [r for r in rows if r[0] == route] for route in ("trl", "seqbal")}
+    for route, ranks in by_route.items():
+        for _, _, forwards, samples, mean, largest, cap_shown, over, first, last in ranks:
+            assert int(cap_shown) == cap and float(last) < float(first), (route, first, last)
+            assert float(mean) <= int(largest)
+    seqbal = by_route["seqbal"]
+    assert all(int(r[5]) <= cap and int(r[7]) == 0 for r in seqbal)
+    assert len({r[2] for r in seqbal}) == 1 and sum(int(r[3]) for r in seqbal) == 256
+    assert sum(int(r[7]) for r in by_route["trl"]) > 0  # TRL's sample count does exceed the cap here
+
+
+def test_the_pages_trl_blocks_run_as_written():
+    """The python blocks of docs/trl.md that need TRL (``needs-trl``; tests/test_docs.py only
+    compiles them), each on its own in a fresh interpreter, from the checkout's root."""
+    found = documented("needs-trl")
+    assert len(found) >= 2
+    for code, line in found:
+        run_documented([sys.executable, "-c", code], f"docs/trl.md:{line}")
 
 
 def test_install_uninstall_restores_only_its_own_patch():
