@@ -271,3 +271,27 @@ def test_install_takes_numpy_integers_and_names_the_callers_arguments():
     with pytest.raises(ValueError, match="^cost_model must be"):
         seqbal_trl.install(64, cost_model="quadratic")
     assert not seqbal_trl.is_installed()
+
+
+def test_what_install_says_about_trls_length_settings():
+    """Where seqbal can see TRL's settings (the first dataloader), it says what to change: a
+    packed row over the cap names SFTConfig.max_length, max_length=None names the samples to
+    drop, and a padded SFTTrainer hears that padding_free needs max_length=None."""
+    from types import SimpleNamespace
+
+    from seqbal.integrations.trl import _first_dataloader_warning, _settings, _trl_length_advice
+
+    packed = SimpleNamespace(padding_free=True, packing=True, max_length=1024)
+    assert "SFTConfig.max_length=1024" in _trl_length_advice(packed, 512)
+    assert _trl_length_advice(packed, 2048) == ""  # rows fit: the error is about something else
+    free = SimpleNamespace(padding_free=True, packing=False, max_length=None)
+    assert "max_length=None) truncates nothing" in _trl_length_advice(free, 512)
+    assert _trl_length_advice(SimpleNamespace(max_length=None), 512) == ""  # a plain Trainer: nothing about TRL
+    _settings["max_token_len"] = 512
+    try:
+        padded = SimpleNamespace(per_device_train_batch_size=8, padding_free=False, packing=False, max_length=1024)
+        assert "padding_free=True, max_length=None" in _first_dataloader_warning(padded, "padded")
+        unpadded = SimpleNamespace(per_device_train_batch_size=8, padding_free=True, packing=False, max_length=None)
+        assert "padding_free" not in _first_dataloader_warning(unpadded, None)
+    finally:
+        _settings.clear()
