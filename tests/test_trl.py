@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -107,19 +108,50 @@ def test_one_step_is_the_gradient_of_the_full_batch_token_mean(world, tmp_path):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_resuming_mid_epoch_gives_the_remaining_batches(world, tmp_path):
-    """A run resumed one step into epoch 1 forwards exactly what the uninterrupted run forwarded
-    from that step on, rank by rank (accelerate's shard and skip wrappers do not forward
-    set_epoch; the sampler must still be in epoch 1)."""
+    """A run resumed one step into epoch 1, or into epoch 2, forwards exactly what the
+    uninterrupted run forwarded from that step on, rank by rank (accelerate's shard and skip
+    wrappers do not forward set_epoch; the sampler must still be in the resumed epoch). On
+    transformers 5.25 the skip goes through ``Trainer.get_resumed_dataloader``."""
     records = launch("resume", world, tmp_path)
     assert all("error" not in r for r in records), [r.get("error") for r in records]
     for r in records:
         per_epoch = r["steps_per_epoch"] * GA
-        full, resumed = r["full"], r["resumed"]
-        assert per_epoch >= 2 * GA and len(full) == 2 * per_epoch
-        assert full[:per_epoch] != full[per_epoch:]  # epoch 1 is reshuffled: the check has teeth
-        assert r["global_step"] == 2 * r["steps_per_epoch"]
-        assert resumed == full[r["resume_step"] * GA:], r["rank"]
+        full = r["full"]
+        assert per_epoch >= 2 * GA and len(full) == 3 * per_epoch
+        epochs = [full[e * per_epoch:(e + 1) * per_epoch] for e in range(3)]
+        assert epochs[0] != epochs[1] != epochs[2] != epochs[0]  # every epoch reshuffled: the check has teeth
+        assert [resume["epoch"] for resume in r["resumes"]] == [1, 2]
+        for resume in r["resumes"]:
+            assert resume["global_step"] == 3 * r["steps_per_epoch"]
+            assert resume["forwarded"] == full[resume["step"] * GA:], (r["rank"], resume["epoch"])
+            # transformers skips one optimizer step's micro-batches of the resumed epoch
+            assert resume["skipped"] == ([GA] if r["has_resumed_dataloader"] else [])
+    assert r["has_resumed_dataloader"] == hasattr(transformers.Trainer, "get_resumed_dataloader")
     assert world == 1 or records[0]["full"] != records[1]["full"]  # each rank its own micro-batches
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_packed_sequences_that_would_attend_to_each_other_stop_training(world, tmp_path):
+    """The first training batch of a padding-free run raises on every rank exactly where
+    transformers would let the packed sequences attend to each other (the ground truth: the
+    first batch's packed logits against one forward per sequence, with the same arguments and
+    model state), with and without gradient checkpointing, in a plain Trainer and SFTTrainer."""
+    records = launch("guard", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    for r in records:
+        assert [c["case"] for c in r["cases"]] == [list(case) for case in workers.GUARD_CASES]
+        for case in r["cases"]:
+            crossed = case["logit_error"] > 1e-3
+            assert crossed or case["logit_error"] < 1e-5, case  # clearly one or the other
+            assert (case["error"] is not None) == crossed, case
+            if crossed:
+                assert "would attend to each other" in case["error"] and "use_cache" in case["error"], case
+                assert case["global_step"] == 0, case  # raised before the first update
+            else:
+                assert case["global_step"] == 1, case
+        kinds = {tuple(c["case"]): c for c in r["cases"]}
+        assert kinds[("trainer", True, False, "sdpa")]["error"] is not None  # the test has teeth
+        assert kinds[("sft", True, False, "sdpa")]["first_use_cache"] is False  # SFTTrainer's own use_cache=False
 
 
 def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
@@ -127,6 +159,73 @@ def test_an_over_cap_sample_is_an_error_on_every_rank(tmp_path):
     for r in records:
         assert "exceeds max_token_len=96" in r.get("error", ""), r
         assert f"{workers.CAP + 5} tokens" in r["error"]
+
+
+def documented(info_word: str, language: str = "python") -> list[tuple[str, int]]:
+    """(code, line) of docs/trl.md's blocks in ``language`` whose info string has ``info_word``."""
+    from .test_docs import blocks
+
+    return [(code, line) for info, code, line in blocks(ROOT / "docs" / "trl.md")
+            if info.split()[:1] == [language] and (not info_word or info_word in info.split())]
+
+
+def run_documented(command: list[str], what: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               HF_HUB_OFFLINE="1")  # nothing may be downloaded
+    done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=what)
+    assert done.returncode == 0, f"{what}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stdout
+
+
+def example_commands() -> list[list[str]]:
+    """The example's commands as docs/trl.md writes them (torchrun through this interpreter, on a
+    free port)."""
+    commands = []
+    for code, _ in documented("", "bash"):
+        for line in code.splitlines():
+            words = line.split(" #")[0].split()
+            if words[:2] == ["python", "examples/trl_sft.py"]:
+                commands.append([sys.executable] + words[1:])
+            elif words[:1] == ["torchrun"]:
+                commands.append([sys.executable, "-m", "torch.distributed.run", "--standalone"] + words[1:])
+    return commands
+
+
+ROW = re.compile(r"^(trl|seqbal)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+) -> ([\d.]+)$", re.M)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_documented_example_runs_as_written(world):
+    """docs/trl.md's recipe, ``examples/trl_sft.py``, on 1 and 2 ranks: seqbal keeps every
+    forward within the cap with the same forwards on every rank; TRL's own batching, sized for
+    the mean, does not (the example shows a real difference)."""
+    commands = example_commands()
+    assert len(commands) == 2, commands
+    command = [c for c in commands if (f"--nproc_per_node={world}" in c) == (world > 1)][0]
+    out = run_documented(command, f"the example on {world} rank(s)")
+    assert "check: OK" in out
+    cap = int(re.search(r"cap (\d+) tokens per forward", out).group(1))
+    rows = [m.groups() for m in ROW.finditer(out)]
+    assert [(r[0], int(r[1])) for r in rows] == [(route, rank) for route in ("trl", "seqbal") for rank in range(world)]
+    by_route = {route: [r for r in rows if r[0] == route] for route in ("trl", "seqbal")}
+    for route, ranks in by_route.items():
+        for _, _, forwards, samples, mean, largest, cap_shown, over, first, last in ranks:
+            assert int(cap_shown) == cap and float(last) < float(first), (route, first, last)
+            assert float(mean) <= int(largest)
+    seqbal = by_route["seqbal"]
+    assert all(int(r[5]) <= cap and int(r[7]) == 0 for r in seqbal)
+    assert len({r[2] for r in seqbal}) == 1 and sum(int(r[3]) for r in seqbal) == 256
+    assert sum(int(r[7]) for r in by_route["trl"]) > 0  # TRL's sample count does exceed the cap here
+
+
+def test_the_pages_trl_blocks_run_as_written():
+    """The python blocks of docs/trl.md that need TRL (``needs-trl``; tests/test_docs.py only
+    compiles them), each on its own in a fresh interpreter, from the checkout's root."""
+    found = documented("needs-trl")
+    assert len(found) >= 2
+    for code, line in found:
+        run_documented([sys.executable, "-c", code], f"docs/trl.md:{line}")
 
 
 def test_install_uninstall_restores_only_its_own_patch():
@@ -149,3 +248,50 @@ def test_install_uninstall_restores_only_its_own_patch():
     with pytest.raises(ValueError, match="max_samples_per_micro_batch must be a positive int"):
         seqbal_trl.install(64, max_samples_per_micro_batch=0)
     assert not seqbal_trl.is_installed()
+
+
+def test_install_takes_numpy_integers_and_names_the_callers_arguments():
+    import numpy as np
+
+    import seqbal.integrations.trl as seqbal_trl
+    from seqbal.integrations.trl import _settings
+
+    try:
+        seqbal_trl.install(np.int64(8192), max_samples_per_micro_batch=np.int32(4))
+        assert _settings["max_token_len"] == 8192 and type(_settings["max_token_len"]) is int
+        assert _settings["max_samples_per_micro_batch"] == 4 and type(_settings["max_samples_per_micro_batch"]) is int
+    finally:
+        seqbal_trl.uninstall()
+    for bad, name in [(True, "max_token_len"), (np.bool_(True), "max_token_len"), (np.int64(0), "max_token_len"),
+                      (8192.0, "max_token_len"), ("8192", "max_token_len")]:
+        with pytest.raises(ValueError, match=f"^{name} must be a positive int, got"):
+            seqbal_trl.install(bad)
+    with pytest.raises(ValueError, match="^max_samples_per_micro_batch must be a positive int"):
+        seqbal_trl.install(64, max_samples_per_micro_batch=np.float64(2))
+    with pytest.raises(ValueError, match="^cost_model must be"):
+        seqbal_trl.install(64, cost_model="quadratic")
+    assert not seqbal_trl.is_installed()
+
+
+def test_what_install_says_about_trls_length_settings():
+    """Where seqbal can see TRL's settings (the first dataloader), it says what to change: a
+    packed row over the cap names SFTConfig.max_length, max_length=None names the samples to
+    drop, and a padded SFTTrainer hears that padding_free needs max_length=None."""
+    from types import SimpleNamespace
+
+    from seqbal.integrations.trl import _first_dataloader_warning, _settings, _trl_length_advice
+
+    packed = SimpleNamespace(padding_free=True, packing=True, max_length=1024)
+    assert "SFTConfig.max_length=1024" in _trl_length_advice(packed, 512)
+    assert _trl_length_advice(packed, 2048) == ""  # rows fit: the error is about something else
+    free = SimpleNamespace(padding_free=True, packing=False, max_length=None)
+    assert "max_length=None) truncates nothing" in _trl_length_advice(free, 512)
+    assert _trl_length_advice(SimpleNamespace(max_length=None), 512) == ""  # a plain Trainer: nothing about TRL
+    _settings["max_token_len"] = 512
+    try:
+        padded = SimpleNamespace(per_device_train_batch_size=8, padding_free=False, packing=False, max_length=1024)
+        assert "padding_free=True, max_length=None" in _first_dataloader_warning(padded, "padded")
+        unpadded = SimpleNamespace(per_device_train_batch_size=8, padding_free=True, packing=False, max_length=None)
+        assert "padding_free" not in _first_dataloader_warning(unpadded, None)
+    finally:
+        _settings.clear()

@@ -13,9 +13,17 @@ Modes:
 - ``overcap``: one sample over the cap; records the error.
 - ``samplecap``: ``sft`` with ``max_samples_per_micro_batch=MAX_SAMPLES`` too; records every
   forward's sequence count (the packed ``position_ids``' starts).
-- ``resume``: plain ``Trainer`` (TRL's padding-free collator), 2 epochs with a checkpoint every
-  step, then a fresh ``Trainer`` resumed from the checkpoint one step into epoch 1; records the
-  ``input_ids`` of every forward of both runs and the steps per epoch.
+- ``resume``: plain ``Trainer`` (TRL's padding-free collator), 3 epochs with a checkpoint every
+  step, then a fresh ``Trainer`` resumed from the checkpoint one step into epoch 1, and another
+  one step into epoch 2; records the ``input_ids`` of every forward of each run, the steps per
+  epoch, and the batches transformers asked ``get_resumed_dataloader`` to skip (5.25 and later).
+- ``guard``: one optimizer step in each of ``GUARD_CASES`` (plain ``Trainer`` with TRL's
+  padding-free collator, or ``SFTTrainer(padding_free=True)``; ``use_cache`` of the training
+  arguments, which the Trainer copies into ``model.config.use_cache``; gradient checkpointing;
+  the attention implementation); records each run's error, if any, its
+  optimizer steps, and how far the packed logits of its first training batch are from one
+  forward per sequence, computed afterwards with the very arguments that batch was forwarded
+  with, in the same model state (the ground truth the guard must match).
 
 Every rank's process group has a short timeout; the test kills the launcher at its deadline.
 """
@@ -39,15 +47,27 @@ VOCAB = 48
 MAX_SAMPLES = 3
 
 
-def tiny_model(dtype=torch.float32):
+#: (trainer, TrainingArguments.use_cache, gradient checkpointing, attention implementation)
+GUARD_CASES = [
+    ("trainer", True, False, "sdpa"),  # packed sequences attend to each other: the guard must raise
+    ("trainer", True, False, "eager"),
+    ("trainer", True, True, "sdpa"),  # checkpointing turns the cache off: clean
+    ("trainer", False, False, "sdpa"),  # the Trainer's default
+    ("sft", True, False, "sdpa"),  # SFTTrainer passes use_cache=False itself: clean
+    ("sft", True, True, "sdpa"),  # TRL's default (gradient checkpointing on)
+]
+
+
+def tiny_model(dtype=torch.float32, use_cache: bool = False, attention: str = "sdpa"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=256, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        num_key_value_heads=2, max_position_embeddings=256, use_cache=use_cache, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2,
     )
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention
     return LlamaForCausalLM(config).to(dtype)
 
 
@@ -77,7 +97,7 @@ def dataset_rows(count: int, seed: int, over: bool = False) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume", "samplecap"))
+    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume", "samplecap", "guard"))
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
@@ -94,8 +114,9 @@ def main() -> None:
 
 
 def run_resume(record: dict, out: Path) -> None:
-    """Train 2 epochs uninterrupted, saving every step; then resume a fresh Trainer one step into
-    epoch 1. Records each run's forwarded ``input_ids`` (lists of token lists, in order)."""
+    """Train 3 epochs uninterrupted, saving every step; then resume a fresh Trainer one step into
+    epoch 1, and one into epoch 2. Records each run's forwarded ``input_ids`` (lists of token
+    lists, in order)."""
     import datasets
     from transformers import Trainer, TrainingArguments
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -106,8 +127,14 @@ def run_resume(record: dict, out: Path) -> None:
     args = TrainingArguments(
         output_dir=str(out / "run"), report_to=[], save_strategy="steps", save_steps=1, logging_steps=1,
         use_cpu=True, per_device_train_batch_size=2, gradient_accumulation_steps=2, disable_tqdm=True, seed=0,
-        learning_rate=1e-2, num_train_epochs=2, lr_scheduler_type="constant", remove_unused_columns=False,
+        learning_rate=1e-2, num_train_epochs=3, lr_scheduler_type="constant", remove_unused_columns=False,
     )
+    skipped: list = []
+
+    class SkipRecordingTrainer(Trainer):
+        def get_resumed_dataloader(self, dataloader, num_batches):  # called by transformers >= 5.25 only
+            skipped.append(num_batches)
+            return super().get_resumed_dataloader(dataloader, num_batches)
 
     def train(resume: "str | None") -> tuple[list, object]:
         model = tiny_model()
@@ -115,24 +142,95 @@ def run_resume(record: dict, out: Path) -> None:
         model.register_forward_pre_hook(
             lambda module, args, kwargs: seen.append(kwargs["input_ids"].tolist()), with_kwargs=True
         )
-        trainer = Trainer(model=model, args=args, train_dataset=dataset,
-                          data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
-        record.setdefault("steps_per_epoch", len(trainer.get_train_dataloader()) // args.gradient_accumulation_steps)
+        trainer = SkipRecordingTrainer(model=model, args=args, train_dataset=dataset,
+                                       data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
+        steps = len(trainer.get_train_dataloader()) // args.gradient_accumulation_steps
+        record.setdefault("steps_per_epoch", steps)
         trainer.train(resume_from_checkpoint=resume)
         return seen, trainer
 
     with warnings.catch_warnings(), seqbal_trl.installed(CAP):
         warnings.simplefilter("ignore")
         record["full"], _ = train(None)
-        step = record["steps_per_epoch"] + 1  # one optimizer step into epoch 1
-        record["resume_step"] = step
-        record["resumed"], trainer = train(str(out / "run" / f"checkpoint-{step}"))
-        record["global_step"] = trainer.state.global_step
+        record["resumes"] = []
+        for epoch in (1, 2):
+            step = epoch * record["steps_per_epoch"] + 1  # one optimizer step into the epoch
+            del skipped[:]
+            forwarded, trainer = train(str(out / "run" / f"checkpoint-{step}"))
+            record["resumes"].append({"epoch": epoch, "step": step, "forwarded": forwarded, "skipped": list(skipped),
+                                      "global_step": trainer.state.global_step})
+    import transformers
+
+    record["has_resumed_dataloader"] = hasattr(transformers.Trainer, "get_resumed_dataloader")
+
+
+def packed_logit_error(model, kwargs: dict) -> float:
+    """Largest |packed - per-sequence| logit of one padding-free forward with ``kwargs`` (in the
+    model's current state: training mode, gradients on, its checkpointing), against one forward
+    per packed sequence with no cache."""
+    model.train()
+    with torch.enable_grad():
+        packed = model(**kwargs).logits[0].detach()
+        positions = kwargs["position_ids"][0]
+        starts = (positions == 0).nonzero().flatten().tolist() + [positions.numel()]
+        pieces = [
+            model(input_ids=kwargs["input_ids"][:, a:b], position_ids=positions[None, a:b], use_cache=False).logits[0].detach()
+            for a, b in zip(starts, starts[1:])
+        ]
+    assert len(pieces) >= 2, "the batch must pack several sequences for the check to mean anything"
+    return float((packed - torch.cat(pieces)).abs().max())
+
+
+def run_guard(record: dict, out: Path) -> None:
+    """One optimizer step per case of ``GUARD_CASES``; see the module docstring."""
+    import datasets
+    from transformers import Trainer, TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    import seqbal.integrations.trl as seqbal_trl
+
+    dataset = datasets.Dataset.from_list(dataset_rows(32, seed=3))
+    record["cases"] = []
+    for index, (kind, use_cache, checkpointing, attention) in enumerate(GUARD_CASES):
+        model = tiny_model(use_cache=True, attention=attention)  # transformers' default; the Trainer overrides it
+        first: dict = {}
+
+        def capture(module, args, kwargs, first=first):
+            if module.training and not first:  # the first training forward, as the trainer called it
+                keep = ("input_ids", "position_ids", "attention_mask", "use_cache")
+                first.update({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in kwargs.items() if k in keep})
+
+        model.register_forward_pre_hook(capture, with_kwargs=True)
+        common = dict(output_dir=str(out / f"guard{index}"), report_to=[], save_strategy="no", use_cpu=True,
+                      per_device_train_batch_size=2, gradient_accumulation_steps=2, disable_tqdm=True, seed=0,
+                      max_steps=1, learning_rate=1e-3, gradient_checkpointing=checkpointing, use_cache=use_cache)
+        case = {"case": [kind, use_cache, checkpointing, attention], "error": None}
+        with warnings.catch_warnings(), seqbal_trl.installed(CAP):
+            warnings.simplefilter("ignore")
+            if kind == "sft":
+                # float32 (SFTConfig's bf16 default autocasts every later forward too, blurring the ground truth)
+                args = SFTConfig(**common, padding_free=True, max_length=None, dataset_num_proc=None, bf16=False)
+                trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer())
+            else:
+                args = TrainingArguments(**common, remove_unused_columns=False)
+                trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                                  data_collator=DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True))
+            try:
+                trainer.train()
+            except ValueError as error:
+                case["error"] = str(error)
+        case["global_step"] = trainer.state.global_step
+        case["first_use_cache"] = first.get("use_cache")
+        case["logit_error"] = packed_logit_error(model, first)
+        record["cases"].append(case)
 
 
 def run(mode: str, record: dict, out: Path) -> None:
     if mode == "resume":
         return run_resume(record, out)
+    if mode == "guard":
+        return run_guard(record, out)
     import datasets
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer

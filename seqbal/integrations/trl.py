@@ -1,7 +1,7 @@
 """Make transformers' ``Trainer`` (so TRL's ``SFTTrainer``) train under a token budget: one
 call, :func:`install`, and :func:`uninstall`.
 
-transformers 5.24.0 builds the training dataloader in ``Trainer._get_dataloader`` from
+transformers 5.24.0 and 5.25.0 build the training dataloader in ``Trainer._get_dataloader`` from
 ``Trainer._get_train_sampler``; a sampler that is a ``BatchRebalanceSampler`` is handed to the
 ``DataLoader`` as its *batch* sampler, and accelerate's re-sharding of it is turned off (it is
 already rank-aware). :func:`install` rebinds ``Trainer._get_train_sampler`` to one that returns a
@@ -21,14 +21,25 @@ included). ``per_device_train_batch_size`` then no longer limits a micro-batch: 
 transformers' logged ``total_train_batch_size`` and sample-count estimates; a warning says so,
 once.
 
+Padding-free batches: the first dataloader also hooks the model's first training forward
+(:mod:`seqbal.integrations._packed_attention`): where the batch is padding-free and transformers
+would let the packed sequences attend to each other (a KV cache in training: ``use_cache=True``
+without gradient checkpointing), it raises a ``ValueError`` on every rank before any update.
+
 The loss: transformers counts ``num_items_in_batch`` (the label tokens of the step's
 ``gradient_accumulation_steps`` micro-batches, summed over ranks with ``average_tokens_across_devices``)
 and divides every micro-batch's summed loss by it, so the accumulated gradient is the step's
 token-mean loss however the tokens fall into micro-batches (tested gradient-exact).
 
+Resume: transformers 5.25 skips the trained batches through ``Trainer.get_resumed_dataloader``
+(accelerate's ``skip_first_batches`` by default), 5.24 calls ``skip_first_batches`` directly;
+either way the batches of an epoch are a function of the seed and the epoch, so skipping ``k``
+leaves exactly the rest, and seqbal needs to override neither.
+
 transformers is imported only when :func:`install` runs; a transformers without
 ``BatchRebalanceSampler`` (before 5.24.0) is an ``ImportError`` that says so. :func:`uninstall`
-restores transformers' method wherever seqbal's wrapper is still bound.
+restores transformers' method wherever seqbal's wrapper is still bound, and removes the forward
+hooks still waiting for a first training batch.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import warnings
 import weakref
 from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
+from ._packed_attention import unwatch_all, watch_first_training_batch
 from ._patching import Patch, apply_all, installed_while, undo_all
 from .token_budget import TokenBudgetBatchSampler, pack_rows
 
@@ -55,8 +67,9 @@ __all__ = [
 #: The transformers module whose ``Trainer`` method seqbal replaces, and the method's name.
 TRAINER_MODULE = "transformers.trainer"
 _NAME = "_get_train_sampler"
-#: The transformers version the adapter is tested with.
-TESTED = "transformers 5.24.0, trl 1.16.0, accelerate 1.15.0, datasets 5.2.0"
+#: The stacks the adapter is tested with.
+TESTED = ("trl 1.16.0 and datasets 5.2.0 with transformers 5.25.0 and accelerate 1.16.0, or with transformers 5.24.0 "
+          "and accelerate 1.15.0")
 
 _patches: list[Patch] = []
 _settings: dict[str, Any] = {}
@@ -125,8 +138,37 @@ def _sampler_class(base: type) -> type:
     return _classes["cls"]
 
 
+def _trl_length_advice(args: Any, cap: int) -> str:
+    """What to change in TRL's ``SFTConfig`` when a row is over the cap, or ``""``. O(1)."""
+    if not hasattr(args, "padding_free"):
+        return ""  # not an SFTConfig
+    max_length = getattr(args, "max_length", None)
+    if getattr(args, "packing", False) and max_length is not None and max_length > cap:
+        return (f" TRL packs rows of up to SFTConfig.max_length={max_length} tokens: set max_length <= {cap}, or let "
+                "seqbal group the samples instead (packing=False, padding_free=True, max_length=None).")
+    if max_length is None:
+        return (" SFTConfig(max_length=None) truncates nothing: drop or truncate the samples over the cap before "
+                "training, or raise max_token_len.")
+    return ""
+
+
+def _first_dataloader_warning(args: Any, cost_model: Any) -> str:
+    """The one warning of :func:`install`, at the first dataloader. O(1)."""
+    message = (
+        f"seqbal: per_device_train_batch_size={args.per_device_train_batch_size} no longer limits a micro-batch; "
+        f"each holds at most max_token_len={_settings['max_token_len']} tokens "
+        f"({'padded cost' if cost_model == 'padded' else 'token cost'}) and as many samples as fit. It only "
+        "enters transformers' logged total_train_batch_size."
+    )
+    if hasattr(args, "padding_free") and not args.padding_free and not getattr(args, "packing", False):
+        message += (" TRL pads every micro-batch to its longest sample here; SFTConfig(padding_free=True, "
+                    "max_length=None) packs them instead (TRL 1.16 refuses padding_free=True with a max_length).")
+    return message
+
+
 def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
-    """``Trainer._get_train_sampler`` with seqbal's token-budget batch sampler."""
+    """``Trainer._get_train_sampler`` with seqbal's token-budget batch sampler; also watches the
+    model's first training forward for packed sequences that would attend to each other."""
     dataset = self.train_dataset if train_dataset is None else train_dataset
     if dataset is None or not hasattr(dataset, "__len__"):
         return _patches[0].original(self, train_dataset) if _patches else None
@@ -137,28 +179,41 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         cost_model = None if getattr(collator, "padding_free", False) else "padded"
     if not _warned:
         _warned.append(True)
-        warnings.warn(
-            f"seqbal: per_device_train_batch_size={args.per_device_train_batch_size} no longer limits a micro-batch; "
-            f"each holds at most max_token_len={_settings['max_token_len']} tokens "
-            f"({'padded cost' if cost_model == 'padded' else 'token cost'}) and as many samples as fit. It only "
-            "enters transformers' logged total_train_batch_size.",
-            stacklevel=2,
-        )
+        warnings.warn(_first_dataloader_warning(args, cost_model), stacklevel=2)
+    if getattr(self, "model", None) is not None:
+        watch_first_training_batch(self.model)
     module = importlib.import_module("transformers.trainer_pt_utils")
     seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
     world = max(1, args.world_size)
-    sampler = _sampler_class(module.BatchRebalanceSampler)(
-        dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
-        _settings["max_token_len"],
-        num_replicas=world,
-        rank=args.process_index if world > 1 else 0,
-        seed=seed,
-        cost_model=cost_model,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
-    )
+    cap = _settings["max_token_len"]
+    try:
+        sampler = _sampler_class(module.BatchRebalanceSampler)(
+            dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
+            cap,
+            num_replicas=world,
+            rank=args.process_index if world > 1 else 0,
+            seed=seed,
+            cost_model=cost_model,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
+        )
+    except ValueError as error:
+        advice = _trl_length_advice(args, cap) if "exceeds max_token_len" in str(error) else ""
+        if not advice:
+            raise
+        raise ValueError(f"{str(error).rstrip('.')}.{advice}") from error
     sampler._trainer = weakref.ref(self)
     return sampler
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as an int if it is a positive Python or NumPy integer (not a bool), else a
+    ``ValueError`` naming ``name``."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
 
 
 def install(
@@ -168,8 +223,14 @@ def install(
     dataloader from :class:`TokenBudgetBatchSampler` under ``max_token_len``. Call it in every
     training process before ``trainer.train()``. Idempotent; a second call changes the cap.
 
+    With TRL 1.16's ``SFTTrainer``, pack the micro-batches padding-free with
+    ``SFTConfig(padding_free=True, max_length=None)``: TRL refuses ``padding_free=True`` with a
+    ``max_length`` (its default is 1024) unless it packs rows itself. A plain ``Trainer`` with a
+    padding-free collator needs ``model.config.use_cache = False`` (or gradient checkpointing):
+    seqbal raises a ``ValueError`` at the first training batch otherwise.
+
     Args:
-        max_token_len: hard cap on every micro-batch's cost.
+        max_token_len: hard cap on every micro-batch's cost (a Python or NumPy integer).
         cost_model: :class:`seqbal.CostModel` or its name; default: token cost when the
             trainer's collator is padding-free (``padding_free=True``), padded cost otherwise.
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
@@ -180,20 +241,23 @@ def install(
 
     Raises:
         ImportError: transformers missing, or older than 5.24.0 (no ``BatchRebalanceSampler``).
-        ValueError: ``max_token_len`` not a positive int, ``max_samples_per_micro_batch``
-            neither None nor a positive int.
+        ValueError: ``max_token_len`` not a positive integer, ``max_samples_per_micro_batch``
+            neither None nor a positive integer, ``cost_model`` not a cost model; each message
+            names the argument.
     """
-    for name, value in (("max_token_len", max_token_len), ("max_samples_per_micro_batch", max_samples_per_micro_batch)):
-        if value is None and name != "max_token_len":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    max_token_len = _positive_int("max_token_len", max_token_len)
+    if max_samples_per_micro_batch is not None:
+        max_samples_per_micro_batch = _positive_int("max_samples_per_micro_batch", max_samples_per_micro_batch)
+    if cost_model is not None:
+        from ..cost import as_cost_model
+
+        as_cost_model(cost_model)  # its ValueError names cost_model
     try:
         module = importlib.import_module(TRAINER_MODULE)
         importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
     except (ImportError, AttributeError) as error:
         raise ImportError(
-            f"seqbal.integrations.trl needs transformers >= 5.24.0 (tested with {TESTED}): "
+            f"seqbal.integrations.trl needs transformers >= 5.24.0 (tested: {TESTED}): "
             f"{type(error).__name__}: {error}"
         ) from error
     _settings.update(max_token_len=max_token_len, cost_model=cost_model,
@@ -205,7 +269,8 @@ def install(
 
 
 def uninstall() -> list[tuple[str, str]]:
-    """Undo :func:`install`; does nothing if seqbal is not installed.
+    """Undo :func:`install` (and remove the first-training-batch checks not yet run); does
+    nothing if seqbal is not installed.
 
     Returns:
         the ``(owner, attribute)`` pairs that point to transformers' method again.
@@ -213,6 +278,7 @@ def uninstall() -> list[tuple[str, str]]:
     changed = undo_all(_patches)
     _patches.clear()
     _settings.clear()
+    unwatch_all()
     return changed
 
 
