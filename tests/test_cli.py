@@ -586,7 +586,7 @@ def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatc
 def test_one_pass_baseline_is_verl_0_8():
     """ceildiv count, KK on workloads, no check: the shipped sample overshoots 64 times."""
     from seqbal import calculate_workload, ceildiv, karmarkar_karp
-    from seqbal._kk_loop import kk_one_pass_plans
+    from seqbal.cli.kk_loop import kk_one_pass_plans
 
     lengths = np.loadtxt(SAMPLE, dtype=np.int64)
     result = kk_one_pass_plans([lengths], 4096)
@@ -676,7 +676,7 @@ def test_bad_cost_options_exit_2_with_one_line(args: list[str], needle: str) -> 
 
 
 def _verl_code():
-    from seqbal._verl_run import load_verl
+    from seqbal.cli.verl_run import load_verl
 
     code = load_verl()
     if code.module is None:
@@ -695,7 +695,7 @@ def _resampled(n: int, seed: int) -> np.ndarray:
 def test_reimplementation_partitions_like_verl(dp, n, cap, group, divisible, minimum):
     """Same micro-batches as verl 0.9.1's rearrange_micro_batches, synced ranks included; the
     one pass of verl <= 0.8 likewise with verl's KK and with the re-implemented one."""
-    from seqbal._verl_run import one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli.verl_run import one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
     from seqbal.cli import _OneTorchThread, split_over_ranks
 
     code = _verl_code()
@@ -732,7 +732,7 @@ def _median_ratio(first, second, rounds: int) -> float:
 def test_reimplementation_costs_what_verl_costs_side_by_side():
     """The fallback must not be a faster verl: within 2x of verl's own call on the same lengths,
     both ways (the median of 5 back-to-back rounds; typical ratio 0.8-1.2 on a busy machine)."""
-    from seqbal._verl_run import reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli.verl_run import reimplemented_strict_loop, verl_strict_loop
     from seqbal.cli import _OneTorchThread
 
     code = _verl_code()
@@ -752,7 +752,7 @@ def test_fallback_in_its_own_process_costs_what_verl_costs():
     script = (
         "import sys, time, numpy as np\n"
         "{hide}"
-        "from seqbal._verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop\n"
+        "from seqbal.cli.verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop\n"
         "from seqbal.cli import _OneTorchThread\n"
         "rng = np.random.default_rng(7)\n"
         f"lengths = rng.choice(np.loadtxt({str(SAMPLE)!r}, dtype=np.int64), 600)\n"
@@ -781,7 +781,7 @@ def test_fallback_in_its_own_process_costs_what_verl_costs():
 
 def test_report_says_which_verl_ran(monkeypatch):
     import seqbal.cli as cli
-    from seqbal._verl_run import VerlCode
+    from seqbal.cli.verl_run import VerlCode
 
     real = plan_json("--dp", "2", "--max-token-len", "16384")
     assert real["verl_0_9"]["ran"] in ("verl", "reimplementation")
@@ -806,7 +806,7 @@ def test_verl_asserts_on_one_rank_and_leaves_the_other_waiting():
     sample over the cap raises before the first all-reduce, the other is left waiting in it;
     seqbal raises on every rank."""
     from seqbal import MicroBatchPlanError, plan_data_parallel
-    from seqbal._verl_run import verl_strict_loop
+    from seqbal.cli.verl_run import verl_strict_loop
     from seqbal.cli import IMPOSSIBLE_INPUT
 
     code = _verl_code()
@@ -948,3 +948,29 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
     drawn = terminal.getvalue()
     assert "seqbal: planning 400 samples with seqbal [" in drawn and "] 100%" in drawn, drawn
     assert drawn.endswith("\r\033[K") and result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names"),
+    [
+        ("seqbal._length_input", "seqbal.cli.lengths", ["read_lengths", "InputError", "DEFAULT_SAMPLE", "Lengths"]),
+        ("seqbal._verl_run", "seqbal.cli.verl_run", ["load_verl", "verl_strict_loop", "one_pass_0_8", "VerlCode"]),
+        ("seqbal._kk_loop", "seqbal.cli.kk_loop", ["kk_loop_plans", "kk_one_pass_plans", "verl_karmarkar_karp"]),
+    ],
+)
+def test_the_cli_modules_live_under_the_cli_and_their_old_paths_still_import(old, new, names):
+    """The CLI's own modules sit in seqbal/cli/; the old top-level names hand out the same objects."""
+    import importlib
+
+    moved, kept = importlib.import_module(new), importlib.import_module(old)
+    assert Path(moved.__file__).parent.name == "cli"
+    for name in names:
+        assert getattr(kept, name) is getattr(moved, name), name
+    assert set(names) <= set(dir(kept))
+
+
+def test_the_shipped_sample_is_found_from_the_moved_reader():
+    from seqbal.cli.lengths import DEFAULT_SAMPLE, read_lengths
+
+    assert DEFAULT_SAMPLE.is_file()
+    assert len(read_lengths(None).values) == 800

@@ -2,7 +2,7 @@
 
 The CLI never shows a traceback and every bad input exits with code 2 and one line starting
 ``seqbal: error:``: argument values are range-checked by argparse, and reading
-(``_length_input.py``) names the file and line of unusable input and the lines of a sample or
+(:mod:`.lengths`) names the file and line of unusable input and the lines of a sample or
 group over the cap; the library's own errors are printed as they are.
 """
 
@@ -15,7 +15,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from .. import __version__
-from .._length_input import InputError, MAX_INT64
+from .lengths import InputError, MAX_INT64
 from ..cost import CostModel
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress
 from .plot import _plot, _plot_path

@@ -5,7 +5,7 @@ and each rank's figures (:func:`_rank_rows`, against :func:`packing_bound`).
 chunks, or seqbal's global ``build_dp_schedule``. The simulation of the ranks' decision is the
 public :func:`~seqbal.plan_data_parallel`: the library's own agreement protocol with the
 all-reduces replaced by a max/min over the simulated ranks. The lengths themselves are read
-(and their errors named by file and line) in ``seqbal/_length_input.py``.
+(and their errors named by file and line) in :mod:`.lengths`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .._length_input import InputError, Lengths
+from .lengths import InputError, Lengths
 from ..cost import CostModel, padded_min_count
 from ..metrics import micro_batch_summary
 from ..partition import ceildiv, packing_lower_bound

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from .._length_input import check_groups_fit, check_workload_range, read_lengths
+from .lengths import check_groups_fit, check_workload_range, read_lengths
 from ..cost import CostModel
 from ..partition.progress import watching
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress, _compare_with_verl, kk_sets_per_pass
