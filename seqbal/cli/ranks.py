@@ -74,7 +74,8 @@ def split_over_ranks(
         raise InputError(f"--group-size {group_size} does not divide the number of samples {n}")
     groups = n // group_size
     if groups < dp:
-        raise InputError(f"cannot split {groups} group(s) of {group_size} sample(s) over --dp {dp} ranks")
+        raise InputError(f"cannot split {groups} group(s) of {group_size} sample(s) over --dp {dp} ranks: every rank "
+                         f"needs at least one group, so --dp can be at most {groups} here")
     order = _shuffled_groups(n, group_size, seed)
     ordered = lengths[order]
     if route == "contiguous":
