@@ -186,9 +186,9 @@ def test_no_internal_issue_numbers(page):
 
 
 def test_package_docstrings_cite_no_internal_issue_numbers():
-    """help() on seqbal's modules is documentation too."""
+    """help() on seqbal's modules, and the examples' and benchmarks' --help, are documentation too."""
     found = []
-    for path in sorted((ROOT / "seqbal").rglob("*.py")):
+    for path in sorted(p for folder in ("seqbal", "examples", "benchmarks") for p in (ROOT / folder).rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in INTERNAL_NUMBER.finditer(text)]
     assert not found, found
