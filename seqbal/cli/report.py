@@ -60,8 +60,8 @@ def format_table(
     two lines, else on two lines with the columns one space apart. O(ranks x columns).
 
     >>> print(format_table([dict(rank=0, samples=3, tokens=30, packing_bound=1, micro_batches=1, fill=0.75,
-    ...                          workload_imbalance=1.0, largest_micro_batch=30)], width=60))
-                        packing  micro-  fill  workload  largest
+    ...                          workload_imbalance=1.0, largest_micro_batch=30)], width=66))
+                           packing   micro-  fill  workload  largest
     rank  samples  tokens    bound  batches     %  max/mean   tokens
     ----  -------  ------  -------  -------  ----  --------  -------
        0        3      30        1        1  75.0     1.000       30
