@@ -34,6 +34,7 @@ _EXPORTS = {
     "dummy_source": "plan",
     "MicroBatchPlanError": "plan",
     "CostModel": "cost",
+    "MemoryCost": "cost",
     "get_seqlen_balanced_partitions": "partition",
     "karmarkar_karp": "partition",
     "ceildiv": "partition",
@@ -73,7 +74,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy look-up
-    from .cost import CostModel
+    from .cost import CostModel, MemoryCost
     from .loss import loss_weights
     from .metrics import METRIC_KEYS, log_seqlen_unbalance, micro_batch_metrics, micro_batch_summary
     from .partition import (

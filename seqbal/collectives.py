@@ -42,6 +42,7 @@ __all__ = [
     "SumAgreement",
     "sum_with_error",
     "global_rank",
+    "min_and_max",
 ]
 
 
@@ -234,3 +235,16 @@ def global_rank(group: Any, rank_in_group: int) -> int:
         return dist.get_global_rank(group, rank_in_group)
     except (ValueError, RuntimeError, AttributeError):
         return rank_in_group
+
+
+def min_and_max(values: Sequence[int], group: Any) -> tuple[Any, Any]:
+    """Elementwise minimum and maximum of ``values`` (ints within int64, the same count on every
+    rank) over the ranks of ``group``: one MAX all-reduce of ``2n`` int64s (each value and its
+    negation). Returns two int64 NumPy arrays."""
+    import numpy as np
+
+    array = np.asarray(values, dtype=np.int64)
+    packed = torch.from_numpy(np.concatenate([array, -array])).to(_collective_device(group))
+    dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
+    reduced = packed.cpu().numpy()
+    return -reduced[len(array):], reduced[: len(array)]

@@ -22,6 +22,12 @@ at most ``k``, found by bisection with an O(k) greedy per probe; runs are then s
 first, up to exactly ``k``. Splitting a run never raises its cost, so a count that is feasible
 stays feasible at every larger count up to the number of groups: the same monotonicity the
 data-parallel agreement relies on for the token model.
+
+A memory cost (:class:`MemoryCost`, fitted by :func:`seqbal.memory.calibrate`) is the token
+model again, on other per-sample numbers: a sample costs the bytes it adds to the step's peak,
+``ceil(per_sequence + per_token * s + per_token_squared * s**2)``, and a micro-batch costs a
+fixed overhead plus the sum over its samples. The sum is what the token partitioner packs, under
+the capacity ``cap - fixed``; the balance still weighs the (rounded) lengths.
 """
 
 from __future__ import annotations
@@ -38,10 +44,67 @@ from .workload import balance_workloads
 
 __all__ = [
     "CostModel",
+    "MemoryCost",
     "as_cost_model",
     "padded_min_count",
     "padded_partitions",
 ]
+
+
+@dataclass(frozen=True)
+class MemoryCost:
+    """Predicted peak bytes of a micro-batch: ``fixed + sum over its samples of
+    ceil(per_sequence + per_token * s + per_token_squared * s**2)``.
+
+    Additive over samples, so every token planner packs it exactly; the terms of a fitted model
+    that are not additive (the longest sequence's) are folded in by
+    :meth:`seqbal.memory.Calibration.cost_model`, which can only raise the prediction.
+
+    Args:
+        fixed: bytes of any micro-batch, even an empty one (int, >= 0).
+        per_sequence: bytes per sample (>= 0).
+        per_token: bytes per token (>= 0).
+        per_token_squared: bytes per squared token of a sample (>= 0): attention scores held
+            for the backward (eager or math attention).
+
+    Examples:
+        >>> MemoryCost(fixed=100, per_token=2.0, per_token_squared=0.5).sample_bytes(np.array([4, 1])).tolist()
+        [16, 3]
+    """
+
+    fixed: int = 0
+    per_sequence: float = 0.0
+    per_token: float = 0.0
+    per_token_squared: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fixed", int_argument("fixed", self.fixed, expected="an int >= 0", minimum=0))
+        for name in ("per_sequence", "per_token", "per_token_squared"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+                np.isfinite(value) and value >= 0
+            ):
+                raise ValueError(f"MemoryCost.{name} must be a finite number >= 0, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    def sample_bytes(self, lengths: np.ndarray) -> np.ndarray:
+        """Bytes each sample adds (int64, rounded up), one float64 expression for every caller,
+        so that the same lengths cost the same on every rank and machine. O(n).
+
+        Raises:
+            ValueError: a cost that does not fit int64.
+        """
+        s = np.asarray(lengths, dtype=np.float64)
+        value = np.ceil(self.per_sequence + s * self.per_token + s * s * self.per_token_squared)
+        if value.size and not value.max() < 2.0 ** 62:
+            raise ValueError(f"a sample of {int(s[np.argmax(value)])} tokens costs {value.max():.3g} bytes under "
+                             f"{self!r}: more than int64 can count")
+        return value.astype(np.int64)
+
+    def match_values(self) -> tuple[int, ...]:
+        """The coefficients as non-negative ints (float64 bit patterns), for the ranks' agreement."""
+        return (self.fixed, *(int(np.float64(getattr(self, name)).view(np.int64))
+                              for name in ("per_sequence", "per_token", "per_token_squared")))
 
 
 @dataclass(frozen=True)
@@ -57,6 +120,9 @@ class CostModel:
         pack_round_to: token model only: the packed micro-batch's tokens are rounded up to a
             multiple of this (Ulysses pads the packed micro-batch to a multiple of ``sp_size``).
             Default 1.
+        memory: token model only: a micro-batch costs its predicted peak bytes
+            (:class:`MemoryCost`, of the rounded lengths), and ``max_token_len`` is then a
+            budget in bytes. Built by :func:`seqbal.memory.calibrate`. Default None (tokens).
 
     Examples:
         >>> CostModel().cost([5, 3])
@@ -72,6 +138,7 @@ class CostModel:
     padded: bool = False
     round_to: int = 1
     pack_round_to: int = 1
+    memory: Optional[MemoryCost] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.padded, (bool, np.bool_)):
@@ -84,6 +151,14 @@ class CostModel:
                 f"pack_round_to={self.pack_round_to} applies to the token cost only: a padded micro-batch "
                 f"is rounded per sequence (round_to)"
             )
+        if self.memory is not None:
+            if not isinstance(self.memory, MemoryCost):
+                raise ValueError(f"memory must be None or a seqbal.cost.MemoryCost, got {self.memory!r}")
+            if self.padded or self.pack_round_to != 1:
+                raise ValueError(
+                    f"memory applies to the token cost without packed rounding, got padded={self.padded}, "
+                    f"pack_round_to={self.pack_round_to}"
+                )
 
     @property
     def is_default(self) -> bool:
@@ -98,13 +173,17 @@ class CostModel:
         (CostModel(), CostModel(padded=True, round_to=8))
         """
         fields = [f"{name}={getattr(self, name)!r}" for name, default in (("padded", False), ("round_to", 1),
-                  ("pack_round_to", 1)) if getattr(self, name) != default]
+                  ("pack_round_to", 1), ("memory", None)) if getattr(self, name) != default]
         return f"CostModel({', '.join(fields)})"
 
     def __str__(self) -> str:
         rounding = f", each length rounded up to a multiple of {self.round_to}" if self.round_to > 1 else ""
         if self.padded:
             return f"padded cost (samples x longest{rounding})"
+        if self.memory is not None:
+            m = self.memory
+            return (f"memory cost (predicted bytes: {m.fixed} + per sample {m.per_sequence:.6g} + "
+                    f"{m.per_token:.6g} x tokens + {m.per_token_squared:.6g} x tokens^2{rounding})")
         packing = f", the micro-batch rounded up to a multiple of {self.pack_round_to}" if self.pack_round_to > 1 else ""
         return f"token cost (effective tokens{rounding}{packing})"
 
@@ -114,8 +193,21 @@ class CostModel:
             return lengths
         return -(-lengths // self.round_to) * self.round_to
 
+    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        """What each sample adds to a micro-batch's cost under the token model (int64): its
+        rounded length, or under ``memory`` its bytes. O(n).
+
+        >>> CostModel(round_to=4).sample_costs(np.array([5, 3])).tolist()
+        [8, 4]
+        """
+        rounded = self.rounded(np.asarray(lengths, dtype=np.int64))
+        return rounded if self.memory is None else self.memory.sample_bytes(rounded)
+
     def token_capacity(self, max_token_len: int) -> int:
-        """Token model: the largest packed token count whose rounded cost is ``<= max_token_len``."""
+        """Token model: the largest packed token count whose rounded cost is ``<= max_token_len``
+        (under ``memory``: the largest sum of sample bytes, the cap less the fixed bytes)."""
+        if self.memory is not None:
+            return max_token_len - self.memory.fixed
         return max_token_len // self.pack_round_to * self.pack_round_to
 
     def sample_capacity(self, max_token_len: int) -> int:
@@ -128,6 +220,9 @@ class CostModel:
 
     def cost(self, lengths: Sequence[int]) -> int:
         """Cost of one micro-batch holding samples of these effective lengths. O(len)."""
+        if self.memory is not None:
+            values = [int(s) for s in lengths]
+            return self.memory.fixed + int(self.sample_costs(np.array(values, dtype=np.int64)).sum()) if values else 0
         rounded = [-(-int(s) // self.round_to) * self.round_to for s in lengths]
         if not rounded:
             return 0
@@ -141,6 +236,8 @@ class CostModel:
         >>> CostModel(padded=True).group_costs(np.array([5, 3, 2, 2]), 2).tolist()
         [10, 4]
         """
+        if self.memory is not None:
+            return self.memory.fixed + self.sample_costs(lengths).reshape(-1, group_size).sum(axis=1)
         rounded = self.rounded(np.asarray(lengths, dtype=np.int64)).reshape(-1, group_size)
         if self.padded:
             return group_size * rounded.max(axis=1)

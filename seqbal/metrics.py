@@ -172,7 +172,7 @@ def micro_batch_metrics(
         work = [float(workloads[p].sum()) for p in real]
     costs = [int(c) for c in cost.part_costs(values, real)]
     # per-sequence rounding only: packing rounds a whole micro-batch, and padding adds at least 0
-    sample_costs = int(cost.rounded(np.asarray(values, dtype=np.int64)).sum()) if values else 0
+    sample_costs = int(cost.sample_costs(np.asarray(values, dtype=np.int64)).sum()) if values else 0
     count = len(batch_idx_list)
     mean_work = sum(work) / len(work) if work else 0.0
     names = {

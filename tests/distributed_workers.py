@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from seqbal.cost import CostModel
+from seqbal.cost import CostModel, MemoryCost
 
 CAP = 4096
 # Timeout of the process group every scenario runs in. A correct call never waits on a peer for
@@ -268,6 +268,12 @@ def build_scenarios(world: int) -> list[Scenario]:
     add(Scenario("err_mismatch_cost_model", base, {"max_token_len": CAP},
                  rank_kwargs={last: {"cost_model": "padded"}},
                  all_raise=[mismatch, "cost_model.padded from 0 to 1"]))
+    # a calibrated memory cost: the same budget, another rank's coefficients (another calibration)
+    memory = {"max_token_len": 10 ** 9, "cost_model": CostModel(memory=MemoryCost(fixed=10 ** 6, per_token=1000.0))}
+    add(Scenario("err_mismatch_memory_cost", base, memory,
+                 rank_kwargs={last: {"cost_model": CostModel(memory=MemoryCost(fixed=10 ** 6, per_token=1500.0))}},
+                 all_raise=[mismatch, "cost_model.memory.per_token from 1000 to 1500"]))
+    add(Scenario("plan_memory_cost", base, memory, api="dense"))
     add(Scenario("err_mismatch_sample_cap", base, {"max_token_len": CAP, "max_samples_per_micro_batch": 4},
                  rank_kwargs={last: {"max_samples_per_micro_batch": None}},
                  all_raise=[mismatch, "max_samples_per_micro_batch from 0 to 4"]))

@@ -5,7 +5,10 @@
 #      an agreed over-cap error, loss_weights, restore, and every micro-batch's peak memory
 #      against a forward of one cap-sized sequence,
 #   3. the PPO actor step (examples/ppo_actor_step.py) on NCCL, one rank per GPU, every
-#      loss_agg_mode's gradient checked, then with a short rank (dummy micro-batches).
+#      loss_agg_mode's gradient checked, then with a short rank (dummy micro-batches),
+#   4. tests/gpu_memory_smoke.py: seqbal.memory.calibrate on CUDA (a small transformer, eager
+#      and SDPA attention, a 4 GiB budget): the fitted prediction against max_memory_allocated
+#      on held-out micro-batches, and planned micro-batches that must stay under the budget.
 #
 # On a machine with internet, first: `bash tests/gpu_smoke.sh --fetch-wheels` puts the
 # tensordict wheels a bare GPU image lacks into .whl/ (git-ignored through .git/info/exclude),
@@ -65,4 +68,6 @@ if [[ "$gpus" -ge 2 ]]; then
     step "PPO actor step with a short rank (dummy micro-batches)" 90 \
         torchrun --standalone --nproc_per_node="$gpus" examples/ppo_actor_step.py --short-rank
 fi
+step "memory calibration on CUDA: prediction and budget (one GPU)" 240 \
+    python3 tests/gpu_memory_smoke.py
 exit "$status"

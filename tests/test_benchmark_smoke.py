@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,3 +213,24 @@ def test_schedule_tradeoff_compares_variants_and_restores_the_evening(capsys):
                             "--rounds", "1"])
     out = capsys.readouterr().out
     assert "| close-1e-4 |" in out and out.count("| Pareto tail |") == 2  # caps 16384 and 32768
+
+
+def test_sft_epochs_benchmark_smoke():
+    """benchmarks.sft_epochs on small slices: every route plans every epoch, seqbal repeats none
+    of epoch 0's mixes where its draws fit, and the scale row reports the sampler's figures."""
+    from benchmarks import sft_epochs
+
+    lengths = np.random.default_rng(0).integers(20, 900, 600)
+    for route, fn in sft_epochs.ROUTES.items():
+        plans = fn(lengths, 4096, 2, 1, 3)
+        assert len(plans) == 3
+        for plan in plans:
+            assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(600)), route
+            assert all(lengths[mb].sum() <= 4096 for rank in plan for mb in rank), route
+    seqbal_plans = sft_epochs.seqbal_route(lengths, 4096, 2, 1, 3)
+    assert sft_epochs.repeat_share(lengths, seqbal_plans) == 0.0
+    assert sft_epochs.repeat_share(lengths, sft_epochs.plan_once_route(lengths, 4096, 2, 1, 3)) == 1.0
+    table = sft_epochs.mix_table([4096], 2, 2, 2, limit=200)
+    assert table.count("| seqbal |") >= 1 and table.count("| plan once |") == table.count("| seqbal |")
+    scale = sft_epochs.scale_table(5_000, [2], [8192], 1, "lognormal").splitlines()
+    assert len(scale) == 3 and "| fresh |" in scale[2]

@@ -29,8 +29,12 @@ def _loaded_after(code: str) -> str:
         "from seqbal.cli import main; import contextlib, io\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    try:\n        main(['plan', '--help'])\n    except SystemExit:\n        pass",
+        "import seqbal; from seqbal.memory import Calibration, MemoryModel\n"
+        "c = Calibration(MemoryModel(fixed=100, per_token=10, per_token_squared=1), 10**6)\n"
+        "seqbal.plan_micro_batches([100, 20, 30], c.byte_cap, cost_model=c.cost_model); c.max_token_len",
     ],
-    ids=["plan_micro_batches", "plan_data_parallel", "build_dp_schedule", "partition", "trl_sampler", "cli_help"],
+    ids=["plan_micro_batches", "plan_data_parallel", "build_dp_schedule", "partition", "trl_sampler", "cli_help",
+         "memory_planning"],
 )
 def test_planning_does_not_import_torch(code: str) -> None:
     assert _loaded_after(code) == "[]"

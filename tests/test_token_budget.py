@@ -69,21 +69,127 @@ def test_the_sample_cap_holds_in_every_epoch(lengths, world, max_samples, epoch)
     assert sorted(itertools.chain.from_iterable(batches)) == list(range(len(lengths)))
 
 
-def test_epochs_reshuffle_deterministically_and_slots_stay_aligned():
+def _multisets(lengths, plan):
+    return [tuple(sorted(lengths[i] for i in mb)) for rank in plan for mb in rank]
+
+
+def test_every_epoch_is_a_fresh_mix_at_one_count_deterministic_by_seed_and_epoch():
     rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 40, 400).tolist()
-    a = TokenBudgetBatchSampler(lengths, 128, num_replicas=2, rank=0, seed=1)
-    b = TokenBudgetBatchSampler(lengths, 128, num_replicas=2, rank=1, seed=1)
-    assert a.epoch_plan(3) == b.epoch_plan(3) == TokenBudgetBatchSampler(lengths, 128, num_replicas=2, rank=0, seed=1).epoch_plan(3)
-    assert a.epoch_plan(0) != a.epoch_plan(1)
-    assert a.epoch_plan(0) != TokenBudgetBatchSampler(lengths, 128, num_replicas=2, rank=0, seed=2).epoch_plan(0)
-    for epoch in (0, 1):  # slot i carries the same workload on every epoch: the shuffle keeps costs
-        tokens = sorted(tuple(sum(lengths[i] for i in mb) for mb in slot) for slot in zip(*a.epoch_plan(epoch)))
-        assert tokens == sorted(tuple(sum(lengths[i] for i in mb) for mb in slot) for slot in zip(*a.epoch_plan(0)))
+    lengths = rng.integers(20, 900, 3000).tolist()
+    a = TokenBudgetBatchSampler(lengths, 8192, num_replicas=4, rank=0, seed=1)
+    b = TokenBudgetBatchSampler(lengths, 8192, num_replicas=4, rank=1, seed=1)
+    assert a.mix == "fresh"
+    assert a.epoch_plan(3) == b.epoch_plan(3) == TokenBudgetBatchSampler(lengths, 8192, num_replicas=4, rank=0, seed=1).epoch_plan(3)
+    assert a.epoch_plan(0) != TokenBudgetBatchSampler(lengths, 8192, num_replicas=4, rank=0, seed=2).epoch_plan(0)
+    first = set(_multisets(lengths, a.epoch_plan(0)))
+    pairs0 = {frozenset(mb) for rank in a.epoch_plan(0) for mb in rank}
+    for epoch in (1, 2, 3):
+        plan = a.epoch_plan(epoch)
+        assert all(len(rank) == len(a) for rank in plan)
+        repeats = sum(m in first for m in _multisets(lengths, plan))
+        assert repeats == 0, f"epoch {epoch}: {repeats} micro-batches repeat epoch 0's lengths"
+        assert not pairs0 & {frozenset(mb) for rank in plan for mb in rank}
     a.set_epoch(1)
     assert list(a) == a.epoch_plan(1)[0]
-    unshuffled = TokenBudgetBatchSampler(lengths, 128, num_replicas=2, rank=0, shuffle=False)
+    unshuffled = TokenBudgetBatchSampler(lengths, 8192, num_replicas=4, rank=0, shuffle=False)
     assert unshuffled.epoch_plan(0) == unshuffled.epoch_plan(7)
+
+
+def test_the_count_is_within_one_percent_of_best_fit_decreasing():
+    from seqbal import best_fit_decreasing_partitions
+
+    rng = np.random.default_rng(4)
+    for lengths, cap, world, ga in [(rng.integers(1, 4000, 5000), 8192, 8, 2), (rng.lognormal(6, 1, 8000).astype(int) + 1, 16384, 4, 1)]:
+        lengths = np.minimum(lengths, cap)
+        sampler = TokenBudgetBatchSampler(lengths, cap, num_replicas=world, rank=0, gradient_accumulation_steps=ga)
+        unit = world * ga
+        tight = -(-len(best_fit_decreasing_partitions(lengths, cap)) // unit) * unit
+        assert len(sampler) % ga == 0 and tight <= len(sampler) * world <= max(tight, int(tight * 1.01) // unit * unit)
+
+
+def test_slots_carry_similar_work_on_every_rank():
+    from seqbal import calculate_workload
+
+    lengths = np.random.default_rng(2).integers(50, 2000, 4000)
+    plan = TokenBudgetBatchSampler(lengths, 16384, num_replicas=8, rank=0, seed=0).epoch_plan(1)
+    work = np.array([[calculate_workload(lengths[mb]).sum() for mb in rank] for rank in plan])
+    assert (work.max(axis=0) / work.mean(axis=0)).max() < 1.05
+
+
+def test_an_epoch_whose_draws_do_not_fit_takes_the_tight_plan(monkeypatch):
+    import seqbal.integrations.token_budget as token_budget
+
+    lengths = np.random.default_rng(3).integers(10, 500, 1000).tolist()
+    sampler = TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, rank=0, seed=0)
+    assert sampler.mix == "fresh"
+    monkeypatch.setattr(token_budget, "fresh_mix_bins", lambda *args, **kwargs: None)
+    plans = [sampler.epoch_plan(e) for e in (1, 2)]
+    for plan in plans:
+        assert all(len(rank) == len(sampler) for rank in plan)
+        assert all(sum(lengths[i] for i in mb) <= 4096 for rank in plan for mb in rank)
+        assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(1000))
+    assert plans[0] != plans[1]  # the tight plan is relabelled and its slots permuted every epoch
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 60), min_size=8, max_size=160),
+    world=st.integers(1, 4),
+    group=st.sampled_from([1, 2, 4]),
+    max_samples=st.one_of(st.none(), st.integers(4, 12)),
+    rounding=st.sampled_from([CostModel(), CostModel(round_to=4), CostModel(pack_round_to=16)]),
+    epochs=st.just(3),
+)
+def test_every_guarantee_with_groups_sample_caps_and_roundings(lengths, world, group, max_samples, rounding, epochs):
+    lengths = lengths[: len(lengths) // group * group]
+    try:
+        samplers = all_ranks(lengths, 128, world, force_group_size=group, max_samples_per_micro_batch=max_samples,
+                             cost_model=rounding, seed=9)
+    except ValueError as error:
+        assert "Cannot satisfy" in str(error) or "exceeds" in str(error)
+        return
+    assert len({len(s) for s in samplers}) == 1
+    for epoch in range(epochs):
+        batches = []
+        for s in samplers:
+            s.set_epoch(epoch)
+            mine = list(s)
+            assert len(mine) == len(s) and all(mine)
+            for mb in mine:
+                assert rounding.cost([lengths[i] for i in mb]) <= 128
+                assert max_samples is None or len(mb) <= max_samples
+                assert all(i // group * group + k in mb for i in mb for k in range(group))
+            batches.extend(mine)
+        assert sorted(itertools.chain.from_iterable(batches)) == list(range(len(lengths)))
+
+
+def test_forced_groups_change_partners_between_epochs():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(50, 1500, 4000).tolist()
+    sampler = TokenBudgetBatchSampler(lengths, 16384, num_replicas=8, rank=0, force_group_size=4, seed=0)
+    partners = []
+    for epoch in range(5):
+        of_group = {}
+        for rank in sampler.epoch_plan(epoch):
+            for mb in rank:
+                groups = frozenset(i // 4 for i in mb)
+                for g in groups:
+                    of_group[g] = groups
+        partners.append(of_group)
+    same = sum(all(p[g] == partners[0][g] for p in partners) for g in partners[0])
+    assert same < 0.05 * len(partners[0])
+
+
+def test_numpy_arguments_are_taken_and_errors_name_the_callers_arguments():
+    sampler = TokenBudgetBatchSampler(np.array([5, 6, 7, 8]), np.int64(16), num_replicas=np.int32(2), rank=np.int64(1),
+                                      gradient_accumulation_steps=np.int16(1))
+    assert len(sampler) == 1
+    with pytest.raises(ValueError, match=r"Cannot satisfy max_token_len=64 with num_replicas=2 and gradient_accumulation_steps=4"):
+        TokenBudgetBatchSampler([5, 6, 7, 8], 64, num_replicas=2, rank=0, gradient_accumulation_steps=4)
+    with pytest.raises(ValueError, match="max_token_len must be a positive int"):
+        TokenBudgetBatchSampler([5, 6], 0, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="exceeds seq_length=4"):
+        pack_rows([3, 5], 4)
 
 
 def test_forced_groups_stay_together_across_epochs():
@@ -130,7 +236,7 @@ def test_pack_rows_balances_ranks_and_refuses_to_truncate():
     lengths = rng.integers(1, 200, 500).tolist()
     rows = pack_rows(lengths, 512, num_replicas=4)
     assert len({len(r) for r in rows}) == 1
-    with pytest.raises(ValueError, match="exceeds max_token_len=512"):
+    with pytest.raises(ValueError, match="exceeds seq_length=512"):
         pack_rows(lengths + [513], 512)
 
 
@@ -170,3 +276,17 @@ def test_loss_weights_make_the_accumulated_gradient_the_step_token_mean():
     everything = torch.cat([data[i] for mb in step for i in mb])
     ((everything @ weight) ** 2).mean().backward()
     assert torch.allclose(accumulated, weight.grad, rtol=1e-9, atol=0)  # float64 weights: exact
+
+
+def test_a_memory_cost_caps_every_micro_batchs_predicted_bytes():
+    from seqbal import MemoryCost
+
+    memory = CostModel(memory=MemoryCost(fixed=1000, per_sequence=64.0, per_token=10.0, per_token_squared=0.01))
+    lengths = np.random.default_rng(6).integers(10, 800, 1200)
+    samplers = all_ranks(lengths, 200_000, 2, cost_model=memory, seed=1)
+    for epoch in range(3):
+        plan = samplers[0].epoch_plan(epoch)
+        assert all(memory.cost(lengths[mb].tolist()) <= 200_000 for rank in plan for mb in rank)
+        assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(1200))
+    with pytest.raises(ValueError, match="exceeds max_token_len=5000"):
+        TokenBudgetBatchSampler(lengths, 5000, num_replicas=1, rank=0, cost_model=memory)

@@ -16,12 +16,12 @@ import sys
 from typing import Callable, Optional, Sequence
 
 from .. import __version__
-from .lengths import InputError, MAX_INT64
+from .lengths import InputError, MAX_INT64, read_lengths
 from ..cost import CostModel
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress
 from .plot import _plot, _plot_path
 from .ranks import ROUTES
-from .report import DEFAULT_MAX_TOKEN_LEN, DEFAULT_WIDTH, build_report, format_report
+from .report import DEFAULT_MAX_TOKEN_LEN, DEFAULT_WIDTH, _wrap, build_report, format_report
 
 
 EXIT_USAGE = 2
@@ -105,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"compare with verl (its own code where installed) and the other routes: auto (default) "
                            f"does it while verl's KK builds at most {COMPARE_AUTO_MAX_KK_SETS:,} sets per pass "
                            f"(samples x micro-batches), a few seconds; it grows as their product")
+    plan.add_argument("--memory-budget", metavar="BYTES", type=positive, default=None,
+                      help="with --calibration: choose --max-token-len from memory: the largest cap whose worst "
+                           "micro-batch of FILE's lengths is predicted within BYTES less the calibration's margin")
+    plan.add_argument("--calibration", metavar="FILE.json",
+                      help="a calibration saved by seqbal.memory.calibrate(...).save(FILE.json)")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
     plan.add_argument("--width", metavar="COLUMNS", type=_int_in(40, 1000), default=None,
                       help=f"width of the text report (default {DEFAULT_WIDTH}, or the terminal's width where it is wider)")
@@ -124,6 +129,27 @@ def _report_width(asked: Optional[int]) -> int:
     return DEFAULT_WIDTH
 
 
+def _memory_cap(args: argparse.Namespace) -> tuple[int, str]:
+    """The token cap a saved calibration gives under ``--memory-budget`` for the lengths of
+    ``args.file`` (standard input: the calibration's own length range), and why. The cap is
+    planned on as if given with ``--max-token-len``; with a cost other than tokens it applies
+    to that cost's lengths all the same (the calibration is of the model's step as it ran)."""
+    from ..memory import Calibration
+
+    calibration = Calibration.load(args.calibration)
+    if args.file == "-":
+        calibration = calibration.rebudget(args.memory_budget)
+    else:
+        lengths = read_lengths(args.file, field=args.field, column=args.column).values
+        calibration = calibration.rebudget(args.memory_budget, lengths=lengths)
+    cap = calibration.max_token_len
+    if cap < 1:
+        raise ValueError(f"--memory-budget {args.memory_budget}: not even one sequence of "
+                         f"{calibration.length_range[0] if calibration.length_range else 1} tokens is predicted within "
+                         f"{calibration.byte_cap} bytes ({calibration.margin:.0%} margin) under {args.calibration}")
+    return cap, calibration.explain()
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``seqbal`` command line; returns the exit code (0 ok, 2 usage or input error)."""
     parser = _parser()
@@ -134,6 +160,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.cost_model = CostModel(padded=args.cost == "padded", round_to=args.round_to, pack_round_to=args.pack_round_to)
     except ValueError as error:
         parser.error(f"--cost {args.cost}: {error}")
+    memory_note = None
+    if (args.memory_budget is None) != (args.calibration is None):
+        parser.error("--memory-budget and --calibration go together")
+    if args.calibration is not None:
+        try:
+            args.max_token_len, memory_note = _memory_cap(args)
+        except (InputError, ValueError) as error:
+            print(_error_line(error), file=sys.stderr)
+            return EXIT_USAGE
     progress = Progress()
     try:
         plot = _plot_path(args.plot) if args.plot else None
@@ -158,13 +193,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     progress.done()
     if args.json:
+        if memory_note:
+            report["memory"] = {"calibration": args.calibration, "memory_budget": args.memory_budget,
+                                "max_token_len": args.max_token_len, "why": memory_note}
         for method in ("seqbal", "verl_0_9"):
             for row in (report[method] or {}).get("ranks", []):
                 row["fill"] = round(row["fill"], 6)
                 row["workload_imbalance"] = round(row["workload_imbalance"], 6)
         text = json.dumps(report, indent=2)
     else:
-        text = format_report(report, _report_width(args.width)) + (f"\n\nplot written to {plot}" if plot else "")
+        width = _report_width(args.width)
+        text = format_report(report, width) + (f"\n\nplot written to {plot}" if plot else "")
+        if memory_note:
+            text = "\n".join(_wrap(f"memory: {memory_note}", width)) + f"\n{text}"
     try:
         print(text)
         sys.stdout.flush()

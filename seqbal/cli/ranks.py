@@ -149,7 +149,7 @@ def packing_bound(lengths: np.ndarray, cap: int, group_size: int = 1, cost_model
         7
     """
     cost_model = cost_model or CostModel()
-    measured = cost_model.rounded(np.asarray(lengths, dtype=np.int64)).reshape(-1, group_size)
+    measured = cost_model.sample_costs(np.asarray(lengths, dtype=np.int64)).reshape(-1, group_size)
     if cost_model.padded:
         return padded_min_count(measured.max(axis=1), group_size, cap)
     return packing_lower_bound(measured.sum(axis=1), max(cost_model.token_capacity(cap), 1))

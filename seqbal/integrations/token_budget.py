@@ -1,21 +1,28 @@
-"""A token-budget batch sampler for a map-style dataset, and offline packing into rows: pure
-planning on the dataset's global lengths, no trainer, no collective.
+"""A token-budget batch sampler for a map-style dataset, and offline packing into rows: planning
+on the dataset's global lengths, the same on every rank.
 
-Why the epoch is planned once, as a whole: transformers' ``Trainer`` reads ``len()`` of the
-training dataloader once, before the first epoch, and then takes exactly that many batches
-(``gradient_accumulation_steps`` per optimizer step) in every epoch. A plan that changes its
-count with the shuffle would leave a rank short of a batch (a hang in the gradient all-reduce)
-or skip data. So the sampler plans the whole dataset once with :func:`seqbal.build_dp_schedule`
-(every micro-batch under the cap, the same count on every rank, slot ``i`` balanced across
-ranks), and each epoch reshuffles it in the two ways that keep every cost exactly: the order of
-the slots (the same permutation on every rank, so slots stay aligned), and which sample fills a
-place among the samples (or forced groups) of equal lengths. The trade-off: which *lengths* share
-a micro-batch is fixed for the run; which samples, and in what step order, changes every epoch.
-On real length lists (thousands of samples over a few thousand distinct lengths) most samples
-have several equal-length peers.
+Why a fixed count with a fresh mix: transformers' ``Trainer`` reads ``len()`` of the training
+dataloader once, before the first epoch, and then takes exactly that many batches
+(``gradient_accumulation_steps`` per optimizer step) in every epoch. A plan whose count changed
+with the shuffle would leave a rank short of a batch (a hang in the gradient all-reduce) or skip
+data. But a plan made once and only relabelled keeps the same lengths together for the whole
+run, and SGD wants a fresh random mix every epoch. So the count is fixed once, when the sampler
+is built, and every epoch draws a new random partition at exactly that count
+(:mod:`seqbal.partition.fresh_mix`): noisy-decreasing LPT dealing, then best fit for what is
+left, then slots of similar work dealt to the ranks. The count: best-fit decreasing (BFD) gives
+a near-optimal one, rounded up to a multiple of ``num_replicas x gradient_accumulation_steps``;
+if a fresh draw fits at that count it is the count, else the next multiple within 1% above it
+where a draw fits. If none does (inputs where only a tight packing fits: samples near the cap,
+large forced groups), the sampler keeps the tight plan and relabels it every epoch, as it would
+for the padded cost, whose micro-batches must hold similar lengths. An epoch whose draws do
+not fit (rare: a draw fits at the chosen count by construction, and a later one is a new
+random draw) takes that plan too, so every epoch keeps every promise.
 
-Every rank computes the same plan from the same global lengths, so nothing is exchanged, and an
-impossible cap is the same ``ValueError`` on every rank, raised when the sampler is built.
+Every rank computes the same plan from the same global lengths and settings, deterministically
+by ``(seed, epoch)``. Where torch.distributed is initialised and the plan spans more than one
+rank, the sampler proves that with one small all-reduce when it is built
+(:mod:`seqbal.integrations.same_inputs`), so a rank whose lengths differ by one token is an
+error on every rank, not a silent loss of data.
 """
 
 from __future__ import annotations
@@ -24,7 +31,20 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["TokenBudgetBatchSampler", "pack_rows"]
+from ..cost import CostModel, as_cost_model
+from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins
+from ..validation import int_argument, int_array
+from .same_inputs import check_same_inputs, digest, should_check
+
+__all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
+
+#: How far above the tight (BFD) count the fresh mix's count may go: 1%.
+FRESH_COUNT_SLACK = 0.01
+#: The random draws an epoch tries, in order, before it takes the tight plan: two LPT deals
+#: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
+#: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
+#: tight for a deal.
+DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03))
 
 
 def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
@@ -42,23 +62,73 @@ def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple
             num_replicas = dist.get_world_size() if initialised else 1
         if rank is None:
             rank = dist.get_rank() if initialised else 0
-    if not isinstance(num_replicas, (int, np.integer)) or num_replicas < 1:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
-    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}")
-    return int(num_replicas), int(rank)
+    num_replicas = int_argument("num_replicas", num_replicas)
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
+        raise ValueError(f"rank must be an int in [0, {num_replicas}) (num_replicas={num_replicas}), got {rank!r}")
+    return num_replicas, int(rank)
 
 
-def _as_lengths(lengths: Any) -> np.ndarray:
-    array = np.asarray(lengths.tolist() if hasattr(lengths, "tolist") else list(lengths), dtype=np.int64).reshape(-1)
-    if array.size == 0:
-        raise ValueError("lengths is empty: the dataset has no sample to plan")
-    return array
+class _Items:
+    """The dataset as forced groups ("items"): their cost against the cap, their workload, and
+    the check that each fits, with messages naming the caller's own cap argument."""
+
+    def __init__(self, lengths: np.ndarray, cap: int, cap_name: str, cost: CostModel, group_size: int) -> None:
+        n = len(lengths)
+        if n % group_size:
+            raise ValueError(f"force_group_size={group_size} does not divide the dataset's {n} samples")
+        self.group_size = group_size
+        # What each sample adds to a micro-batch's cost: its rounded length (its bytes under a
+        # memory cost); the padded cost is not additive and keeps the rounded lengths.
+        measured = cost.rounded(lengths) if cost.padded else cost.sample_costs(lengths)
+        under = "" if cost.is_default else f" under the {cost}"
+        capacity = cost.sample_capacity(cap)
+        over = np.flatnonzero(measured > capacity)
+        if over.size:
+            first = int(over[0])
+            raise ValueError(
+                f"sample {first} has {int(lengths[first])} tokens{under}, which exceeds {cap_name}={cap} "
+                f"({over.size} sample(s) over the cap, the largest has {int(lengths.max())}): raise {cap_name} to at "
+                f"least {cost.cost([int(lengths[int(np.argmax(measured))])])} or drop or truncate those samples"
+            )
+        self.costs = cost.group_costs(lengths, group_size)  # each group alone as a micro-batch
+        over = np.flatnonzero(self.costs > capacity)
+        if over.size:
+            first = int(over[0])
+            raise ValueError(
+                f"forced group exceeds {cap_name}: group {first} (samples {first * group_size}.."
+                f"{first * group_size + group_size - 1}) costs {int(self.costs[first])}{under} > {cap_name}={cap}; "
+                f"raise {cap_name} to at least {int(self.costs.max())} or use a smaller force_group_size"
+            )
+        # Additive costs for the token model: a micro-batch's rounded tokens, under the cap's
+        # packed rounding (the token model reduces to tokens under a smaller capacity).
+        self.additive = None if cost.padded else measured.reshape(-1, group_size).sum(axis=1)
+        self.capacity = capacity if cost.padded else max(cost.token_capacity(cap), 1)
+        from ..workload import calculate_workload
+
+        #: Groups of one key can trade places without changing any micro-batch's cost.
+        self.trade_key = self.additive if self.additive is not None else measured.reshape(-1, group_size).max(axis=1)
+        self.workloads = np.asarray(calculate_workload(lengths), dtype=np.float64).reshape(-1, group_size).sum(axis=1)
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+
+def _bins_to_samples(bins: np.ndarray, grid_row: np.ndarray, group_size: int) -> list[list[int]]:
+    """The ascending sample indices of each bin of ``grid_row``, in that order. O(n log n)."""
+    order = np.argsort(bins, kind="stable")  # items by bin, ascending within a bin
+    starts = np.searchsorted(bins[order], grid_row, side="left")
+    ends = np.searchsorted(bins[order], grid_row, side="right")
+    offsets = np.arange(group_size)
+    return [
+        (order[a:b, None] * group_size + offsets).reshape(-1).tolist()
+        for a, b in zip(starts.tolist(), ends.tolist())
+    ]
 
 
 class TokenBudgetBatchSampler:
     """Index lists for ``DataLoader(dataset, batch_sampler=...)``: micro-batches under a token cap,
-    the same number on every rank, balanced slot by slot, reshuffled every epoch.
+    the same number on every rank and in every epoch, balanced slot by slot, a fresh random mix
+    every epoch.
 
     Guarantees (for the chosen cost model, on every rank, every epoch):
 
@@ -66,16 +136,20 @@ class TokenBudgetBatchSampler:
       ``max_samples_per_micro_batch`` samples, where given); an impossible cap is a ``ValueError``
       naming the sample, its tokens and the cap, raised here, when the sampler is built;
     - ``len(self)`` is the exact number of micro-batches each rank yields per epoch, the same on
-      every rank and in every epoch, computed from the global lengths with no collective; it is
-      a multiple of ``gradient_accumulation_steps``, so every optimizer step has that many
-      micro-batches per rank and a variable number of samples;
+      every rank and in every epoch, a multiple of ``gradient_accumulation_steps``, and at most
+      1% above a best-fit-decreasing packing's count (rounded up to that multiple);
     - every sample appears exactly once per epoch over all ranks; samples ``i*g .. i*g+g-1``
       (``g = force_group_size``) share a micro-batch;
-    - rank ``r``'s ``i``-th micro-batch is slot ``i`` of the schedule on every rank (balanced
-      work, see :func:`seqbal.build_dp_schedule`);
-    - :meth:`set_epoch` reshuffles deterministically by ``seed`` and epoch; iterating again gives
-      the same batches, so skipping the first ``k`` (transformers does on resume) leaves exactly
-      the remaining ones.
+    - rank ``r``'s ``i``-th micro-batch is slot ``i`` on every rank: the slot's micro-batches
+      carry similar work;
+    - every epoch is a new random partition of the samples (``mix == "fresh"``; see the module
+      docstring for the inputs that keep one tight plan, ``mix == "fixed"``), deterministic by
+      ``seed`` and epoch: iterating again gives the same batches, so skipping the first ``k``
+      (transformers does on resume) leaves exactly the remaining ones;
+    - where torch.distributed is initialised and ``num_replicas > 1``, every rank of
+      ``process_group`` has checked, in one all-reduce here, that all ranks passed the same
+      lengths and settings; if not, every rank raises the same ``ValueError`` (what differs, the
+      first differing sample). Build the sampler on every rank of that group.
 
     Args:
         lengths: the tokens of every sample of the dataset (all ranks' samples, the same list on
@@ -85,17 +159,21 @@ class TokenBudgetBatchSampler:
             torch.distributed).
         rank: this rank; default the process group's rank (0).
         seed: shuffle seed (combined with the epoch).
-        shuffle: False keeps the schedule's slot order (heaviest first) and its samples.
+        shuffle: False: the same micro-batches every epoch (the first epoch's), heaviest slot
+            first.
         cost_model: :class:`seqbal.CostModel` or its name (``"padded"`` when the collator pads);
             default the token cost (padding-free collation).
         force_group_size: consecutive samples that must share a micro-batch.
         gradient_accumulation_steps: the count per rank is made a multiple of this.
-        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch
-            (see :func:`seqbal.build_dp_schedule`); default None (as many as fit the tokens).
-            The epoch's reshuffle keeps every micro-batch's sample count.
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
+            default None (as many as fit the tokens).
+        process_group: the ranks that build this sampler and check each other's inputs;
+            default the default process group.
 
-    Complexity: the plan is one :func:`seqbal.build_dp_schedule` on ``n`` lengths, at
-    construction; an epoch's shuffle is O(n log n); memory O(n).
+    Complexity: building costs one BFD pass over the groups plus one or two random draws
+    (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
+    memory O(n). With the padded cost or a sample cap, the tight plan is
+    :func:`seqbal.build_dp_schedule`'s.
 
     Examples:
         >>> sampler = TokenBudgetBatchSampler([5, 3, 7, 2, 8, 1], 10, num_replicas=2, rank=0, shuffle=False)
@@ -116,77 +194,216 @@ class TokenBudgetBatchSampler:
         force_group_size: int = 1,
         gradient_accumulation_steps: int = 1,
         max_samples_per_micro_batch: Optional[int] = None,
+        process_group: Any = None,
     ) -> None:
+        error: Optional[BaseException] = None
+        array: Optional[np.ndarray] = None
+        settings: dict[str, Optional[int]] = dict.fromkeys(
+            ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
+             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas"))
+        replicas = num_replicas
+        try:  # every local check first, so that an error here is agreed with the other ranks
+            self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
+            replicas = self.num_replicas
+            settings["num_replicas"] = self.num_replicas
+            self.max_token_len = int_argument("max_token_len", max_token_len)
+            settings["max_token_len"] = self.max_token_len
+            self.cost_model = as_cost_model(cost_model)
+            settings["cost_model"] = digest(repr(self.cost_model))
+            self.force_group_size = int_argument("force_group_size", force_group_size)
+            settings["force_group_size"] = self.force_group_size
+            self.gradient_accumulation_steps = int_argument("gradient_accumulation_steps", gradient_accumulation_steps)
+            settings["gradient_accumulation_steps"] = self.gradient_accumulation_steps
+            self.max_samples_per_micro_batch = int_argument(
+                "max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True)
+            settings["max_samples_per_micro_batch"] = self.max_samples_per_micro_batch or 0
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+                raise ValueError(f"seed must be an int, got {seed!r}")
+            self.seed = int(seed)
+            settings["seed"] = digest(self.seed)
+            if not isinstance(shuffle, (bool, np.bool_)):
+                raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
+            self.shuffle = bool(shuffle)
+            settings["shuffle"] = int(self.shuffle)
+            array = int_array(lengths, "lengths", samples=True, integral_floats=False,
+                              empty="lengths is empty: the dataset has no sample to plan")
+        except ValueError as caught:
+            error = caught
+        if should_check(int(replicas) if isinstance(replicas, (int, np.integer)) and replicas > 0 else 2,
+                        process_group):
+            check_same_inputs(list(settings.items()), array, error, process_group, who="TokenBudgetBatchSampler")
+        elif error is not None:
+            raise error
+        # Past this point every rank holds the same inputs: what follows is the same everywhere,
+        # errors included, so a rank can raise without leaving another in a collective.
+        self.lengths = array
+        self.epoch = 0
+        self._items = _Items(array, self.max_token_len, "max_token_len", self.cost_model, self.force_group_size)
+        self._plan_count()
+
+    # --- the count, fixed once ---------------------------------------------------------------
+
+    @property
+    def _unit(self) -> int:
+        return self.num_replicas * self.gradient_accumulation_steps
+
+    @property
+    def _max_items(self) -> Optional[int]:
+        if self.max_samples_per_micro_batch is None:
+            return None
+        return self.max_samples_per_micro_batch // self.force_group_size
+
+    def _cannot_satisfy(self, needed: int) -> ValueError:
+        return ValueError(
+            f"Cannot satisfy max_token_len={self.max_token_len} with num_replicas={self.num_replicas} and "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps}: every rank needs a multiple of "
+            f"{self.gradient_accumulation_steps} micro-batches, {needed} in all, each holding at least one "
+            f"{'forced group' if self.force_group_size > 1 else 'sample'}, but the dataset has only "
+            f"{len(self._items)}: use fewer ranks or gradient accumulation steps, or more data"
+        )
+
+    def _plan_count(self) -> None:
+        """Fix the count (micro-batches over all ranks) and the tight plan; decide the mix."""
+        items, unit = self._items, self._unit
+        max_items = self._max_items
+        if max_items is not None and max_items < 1:
+            raise ValueError(
+                f"max_samples_per_micro_batch={self.max_samples_per_micro_batch} is smaller than "
+                f"force_group_size={self.force_group_size}: a forced group cannot fit"
+            )
+        self._tight_grid: Optional[np.ndarray] = None
+        if items.additive is None or max_items is not None:
+            self._tight_from_schedule()
+        else:
+            from ..partition import best_fit_decreasing_partitions
+
+            packing = best_fit_decreasing_partitions(items.additive, items.capacity)
+            count = -(-len(packing) // unit) * unit
+            if count > len(items):
+                raise self._cannot_satisfy(count)
+            from ..partition.packing import split_bins_to_count
+
+            packing = split_bins_to_count(packing, items.additive, count) if count > len(packing) else packing
+            self._tight_bins = np.empty(len(items), dtype=np.int64)
+            for b, members in enumerate(packing):
+                self._tight_bins[members] = b
+            self.count = count
+        self.mix = "fixed"
+        if items.additive is None:
+            return  # the padded cost: a fresh mix of lengths would multiply the padding
+        candidates = [self.count]
+        slack = int(self.count * (1 + FRESH_COUNT_SLACK)) // unit * unit
+        if slack > self.count and slack <= len(items):
+            candidates.append(slack)
+        for count in candidates:
+            if any(self._draw(count, 0, attempt) is not None for attempt in range(len(DRAWS))):
+                if count > self.count:  # the tight plan is split up to the fresh count
+                    self._grow_tight(count)
+                self.count, self.mix = count, "fresh"
+                return
+
+    def _tight_from_schedule(self) -> None:
+        """The tight plan from :func:`seqbal.build_dp_schedule` (padded cost, sample cap)."""
         from .. import build_dp_schedule
 
-        self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
-        if not isinstance(gradient_accumulation_steps, (int, np.integer)) or gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive int, got {gradient_accumulation_steps!r}")
-        self.lengths = _as_lengths(lengths)
-        self.max_token_len = max_token_len
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self.force_group_size = force_group_size
-        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
-        self.epoch = 0
-        self.schedule = build_dp_schedule(
-            self.lengths.tolist(),
-            self.num_replicas,
-            max_token_len,
-            force_group_size=force_group_size,
-            num_batches_divided_by=self.gradient_accumulation_steps,
-            cost_model=cost_model,
-            use_dynamic_bsz_balance=False,
-            max_samples_per_micro_batch=max_samples_per_micro_batch,
-        )
-        self._group_classes = self._equal_length_classes()
-
-    def _equal_length_classes(self) -> list[np.ndarray]:
-        """The forced groups, grouped by their tuple of lengths: any two of one class may trade
-        places without changing any cost."""
+        try:
+            schedule = build_dp_schedule(
+                self.lengths, self.num_replicas, self.max_token_len, force_group_size=self.force_group_size,
+                num_batches_divided_by=self.gradient_accumulation_steps, cost_model=self.cost_model,
+                use_dynamic_bsz_balance=False, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+            )
+        except ValueError as error:
+            if "Cannot satisfy" not in str(error):
+                raise
+            raise self._cannot_satisfy(self._unit) from error
         g = self.force_group_size
-        rows = self.lengths.reshape(-1, g)
-        _, labels = np.unique(rows, axis=0, return_inverse=True)
-        labels = labels.reshape(-1)
-        order = np.argsort(labels, kind="stable")
-        cuts = np.flatnonzero(np.diff(labels[order])) + 1
-        return [part for part in np.split(order, cuts) if part.size > 1]
+        self.count = schedule.num_micro_batches * self.num_replicas
+        self._tight_bins = np.empty(len(self._items), dtype=np.int64)
+        grid = np.empty((self.num_replicas, schedule.num_micro_batches), dtype=np.int64)
+        for r, rank_slots in enumerate(schedule.micro_batches):
+            for s, samples in enumerate(rank_slots):
+                b = s * self.num_replicas + r
+                self._tight_bins[np.asarray(samples[::g]) // g] = b
+                grid[r, s] = b
+        self._tight_grid = grid  # the schedule's own slots (its slot evening), kept
+
+    def _grow_tight(self, count: int) -> None:
+        from ..partition.packing import split_bins_to_count
+
+        bins = [list(np.flatnonzero(self._tight_bins == b)) for b in range(self.count)]
+        for b, members in enumerate(split_bins_to_count(bins, self._items.additive, count)):
+            self._tight_bins[members] = b
+
+    def _draw(self, count: int, epoch: int, attempt: int) -> Optional[np.ndarray]:
+        rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, attempt])
+        kind, noise = DRAWS[attempt]
+        items = self._items
+        if kind == "deal":
+            return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
+        return noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
 
     def __len__(self) -> int:
         """Micro-batches per rank per epoch (the same on every rank and in every epoch). O(1)."""
-        return self.schedule.num_micro_batches
+        return self.count // self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose shuffle :meth:`__iter__` yields. O(1)."""
+        """Select the epoch whose plan :meth:`__iter__` yields. O(1)."""
         self.epoch = int(epoch)
 
-    def _relabel(self, rng: np.random.Generator) -> np.ndarray:
-        """A permutation of the sample indices that maps every forced group to one of equal
-        lengths (a random one), members in place."""
-        g = self.force_group_size
-        group_map = np.arange(self.lengths.size // g)
-        for members in self._group_classes:
-            group_map[members] = members[rng.permutation(members.size)]
-        return (group_map[:, None] * g + np.arange(g)[None, :]).reshape(-1)
+    # --- an epoch's plan -----------------------------------------------------------------------
+
+    def _epoch_bins(self, epoch: int) -> tuple[np.ndarray, Optional[str]]:
+        """Every item's bin for ``epoch``, and the draw that made it (None: the tight plan)."""
+        if self.mix == "fresh":
+            for attempt, (kind, _) in enumerate(DRAWS):
+                bins = self._draw(self.count, epoch if self.shuffle else 0, attempt)
+                if bins is not None:
+                    return bins, kind
+        return self._tight_bins, None
+
+    def epoch_source(self, epoch: int) -> str:
+        """How ``epoch`` is planned: ``"deal"`` or ``"best fit"`` (a fresh random partition, see
+        :data:`DRAWS`), or ``"tight"`` (the tight plan, relabelled). O(n log K)."""
+        return self._epoch_bins(int(epoch))[1] or "tight"
+
+    def _relabel(self, bins: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``bins`` with the forced groups of equal cost traded at random (equal rounded tokens
+        for the token cost, equal rounded longest sample for the padded cost): every bin keeps
+        its cost and its sample count, the samples change. O(n log n)."""
+        labels = self._items.trade_key
+        order = np.lexsort((rng.random(len(labels)), labels))  # each class in random order
+        by_class = np.lexsort((np.arange(len(labels)), labels))  # each class in index order
+        relabelled = np.empty_like(bins)
+        relabelled[order] = bins[by_class]
+        return relabelled
+
+    def _grid(self, bins: np.ndarray, rng: Optional[np.random.Generator], fresh: bool) -> np.ndarray:
+        if not fresh and self._tight_grid is not None:
+            grid = self._tight_grid
+            if rng is not None:
+                grid = grid[:, rng.permutation(grid.shape[1])]
+            return grid
+        workloads = np.bincount(bins, weights=self._items.workloads, minlength=self.count)
+        return deal_slots(workloads, self.num_replicas, rng)
+
+    def _rank_plan(self, epoch: int, ranks: Sequence[int]) -> list[list[list[int]]]:
+        bins, kind = self._epoch_bins(epoch)
+        fresh = kind is not None
+        rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, len(DRAWS)]) if self.shuffle else None
+        if not fresh and rng is not None:
+            bins = self._relabel(bins, rng)
+        grid = self._grid(bins, rng, fresh)
+        return [_bins_to_samples(bins, grid[r], self.force_group_size) for r in ranks]
 
     def epoch_plan(self, epoch: Optional[int] = None) -> list[list[list[int]]]:
         """Every rank's micro-batches for ``epoch`` (default the current one): ``[rank][slot]``,
         ascending global indices. The same on every rank. O(n log n)."""
         epoch = self.epoch if epoch is None else int(epoch)
-        slots = range(self.schedule.num_micro_batches)
-        relabel = np.arange(self.lengths.size)
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch])
-            slots = rng.permutation(self.schedule.num_micro_batches).tolist()
-            relabel = self._relabel(rng)
-        return [
-            [sorted(relabel[list(rank_slots[s])].tolist()) for s in slots]
-            for rank_slots in self.schedule.micro_batches
-        ]
+        return self._rank_plan(epoch, range(self.num_replicas))
 
     def __iter__(self) -> Iterator[list[int]]:
         """This rank's micro-batches for the current epoch, in step order."""
-        return iter(self.epoch_plan()[self.rank])
+        return iter(self._rank_plan(self.epoch, [self.rank])[0])
 
 
 def pack_rows(
@@ -195,6 +412,7 @@ def pack_rows(
     *,
     num_replicas: int = 1,
     cost_model: Union[None, str, Any] = None,
+    process_group: Any = None,
 ) -> list[list[list[int]]]:
     """Pack a dataset's samples into rows of at most ``seq_length`` tokens, offline (the job of
     TRL's ``pack_dataset(strategy="bfd")``), with the rows balanced over ``num_replicas`` ranks.
@@ -205,20 +423,59 @@ def pack_rows(
     ``datasets.map`` batch (1000 samples by default) separately, the whole list is packed at
     once, so rows are never fewer than TRL's would be for want of partners.
 
+    Where torch.distributed is initialised and ``num_replicas > 1``, call it on every rank of
+    ``process_group`` (default: the default group): the ranks check in one all-reduce that they
+    pass the same lengths and arguments, and all raise the same ``ValueError`` if not.
+
     Returns:
         ``[rank][row]``: ascending sample indices per row; every rank has the same number of
-        rows, rows of one index ``i`` carry similar tokens on
-        every rank, every sample appears exactly once.
+        rows (best-fit decreasing's count, rounded up to a multiple of ``num_replicas``), rows of
+        one index ``i`` carry similar tokens on every rank, every sample appears exactly once.
 
-    Complexity: one :func:`seqbal.build_dp_schedule` on ``n`` lengths.
+    Complexity: one best-fit-decreasing pass, O(n log n).
 
     Examples:
         >>> pack_rows([4, 3, 1, 2, 1], 4)
-        [[[0], [2, 3, 4], [1]]]
+        [[[0], [1, 2], [3, 4]]]
     """
-    from .. import build_dp_schedule
+    error: Optional[BaseException] = None
+    array = None
+    settings: dict[str, Optional[int]] = dict.fromkeys(("seq_length", "num_replicas", "cost_model"))
+    try:
+        seq_length = int_argument("seq_length", seq_length)
+        settings["seq_length"] = seq_length
+        num_replicas = int_argument("num_replicas", num_replicas)
+        settings["num_replicas"] = num_replicas
+        cost = as_cost_model(cost_model)
+        settings["cost_model"] = digest(repr(cost))
+        array = int_array(lengths, "lengths", samples=True, integral_floats=False,
+                          empty="lengths is empty: the dataset has no sample to pack")
+    except ValueError as caught:
+        error = caught
+    if should_check(num_replicas if isinstance(num_replicas, int) and num_replicas > 0 else 2, process_group):
+        check_same_inputs(list(settings.items()), array, error, process_group, who="pack_rows")
+    elif error is not None:
+        raise error
+    items = _Items(array, seq_length, "seq_length", cost, 1)
+    if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
+        from .. import build_dp_schedule
 
-    schedule = build_dp_schedule(
-        _as_lengths(lengths).tolist(), num_replicas, seq_length, cost_model=cost_model, use_dynamic_bsz_balance=False
-    )
-    return [[list(part) for part in rank_parts] for rank_parts in schedule.micro_batches]
+        schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False)
+        return [[list(part) for part in rank_parts] for rank_parts in schedule.micro_batches]
+    from ..partition import best_fit_decreasing_partitions
+    from ..partition.packing import split_bins_to_count
+
+    rows = best_fit_decreasing_partitions(items.additive, items.capacity)
+    count = -(-len(rows) // num_replicas) * num_replicas
+    if count > len(array):
+        raise ValueError(
+            f"pack_rows: {num_replicas} ranks need at least {count} rows, one sample each at least, but there are "
+            f"only {len(array)} samples: use fewer num_replicas"
+        )
+    if count > len(rows):
+        rows = split_bins_to_count(rows, items.additive, count)
+    bins = np.empty(len(array), dtype=np.int64)
+    for b, members in enumerate(rows):
+        bins[members] = b
+    grid = deal_slots(np.bincount(bins, weights=items.additive, minlength=count), num_replicas, None)
+    return [_bins_to_samples(bins, grid[r], 1) for r in range(num_replicas)]

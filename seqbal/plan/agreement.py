@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence, Union
 
+import numpy as np
+
 from ..cost import CostModel
 from ..partition import roundup_divisible
 from .arguments import _as_flag
@@ -61,8 +63,14 @@ def _mismatch_error(ranges: Sequence[Optional[tuple[int, int]]]) -> Optional[Mic
 
     Built from agreed values only, so that every rank raises the very same message.
     """
+    def shown(name: str, value: int) -> str:  # memory coefficients travel as float64 bit patterns
+        if name.startswith("cost_model.memory.per_"):
+            return f"{float(np.int64(value).view(np.float64)):.6g}"
+        return str(value)
+
     differing = [
-        f"{name} from {low} to {high}" + (" (None counts as 1)" if name == "num_batches_divided_by" else "")
+        f"{name} from {shown(name, low)} to {shown(name, high)}"
+        + (" (None counts as 1)" if name == "num_batches_divided_by" else "")
         for name, bounds in zip(_MUST_MATCH, ranges)
         if bounds is not None
         for low, high in [bounds]

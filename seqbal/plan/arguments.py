@@ -43,6 +43,7 @@ class _Arguments:
             cost.pack_round_to,
             int(self.dummy_micro_batches),
             self.max_samples_per_micro_batch or 0,
+            *(cost.memory.match_values() if cost.memory is not None else (0, 0, 0, 0)),
         )
 
 

@@ -81,4 +81,8 @@ _MUST_MATCH = (
     "cost_model.pack_round_to",
     "dummy_micro_batches",
     "max_samples_per_micro_batch",
+    "cost_model.memory.fixed",
+    "cost_model.memory.per_sequence",
+    "cost_model.memory.per_token",
+    "cost_model.memory.per_token_squared",
 )

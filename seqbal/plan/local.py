@@ -138,6 +138,8 @@ def _cost_note(cost_model: CostModel, measured: int, tokens: int) -> str:
     for the default, `` under the <model>``, or `` (M after rounding, under the <model>)``."""
     if cost_model.is_default:
         return ""
+    if cost_model.memory is not None:
+        return f" (predicted {cost_model.cost([tokens])} bytes, under the {cost_model})"
     if measured == tokens:
         return f" under the {cost_model}"
     return f" ({measured} after rounding, under the {cost_model})"
@@ -185,7 +187,7 @@ def _local_plan(
         starts, stops = (np.asarray(w, dtype=np.int64) for w in windows)
         measured = cost_model.rounded(np.maximum(stops - starts, 0))
     else:
-        measured = cost_model.rounded(lengths)
+        measured = cost_model.sample_costs(lengths)  # rounded lengths, or bytes under a memory cost
     sample_capacity = cost_model.sample_capacity(max_token_len)
     over = np.flatnonzero(measured > sample_capacity)
     if over.size:
@@ -250,7 +252,8 @@ def _local_plan(
         if group_cap is not None and parts is not None:
             count, parts = _padded_within_samples(parts, count, group_longest, g, max_token_len, group_cap, min_count, step)
     else:
-        sample_workloads = balance_workloads(measured)  # exact where int64 fits
+        # exact where int64 fits; a memory cost still balances compute, on the (rounded) lengths
+        sample_workloads = balance_workloads(measured if cost_model.memory is None else cost_model.rounded(lengths))
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
         count, parts = _smallest_feasible(group_tokens, group_workloads, sample_capacity, min_count, step)
         # Under the sample cap the exact search's lower multiple would ignore it: not tried.

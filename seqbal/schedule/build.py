@@ -223,9 +223,10 @@ def build_dp_schedule(
     if equal_samples:
         _check_equal_samples(len(array), groups, dp_size, force_group_size)
     max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids)
-    measured = cost.rounded(array)  # what each sample counts for under the cost model
+    measured = cost.sample_costs(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
-    work = balance_workloads(measured) if workload_fn is None else _workloads(measured, workload_fn)
+    lengths_for_work = measured if cost.memory is None else cost.rounded(array)  # bytes are not compute
+    work = balance_workloads(lengths_for_work) if workload_fn is None else _workloads(lengths_for_work, workload_fn)
     check_int64_sums(measured, work)
 
     capacity = cost.sample_capacity(max_token_len)
@@ -233,7 +234,7 @@ def build_dp_schedule(
     raise_if_over(measured, capacity, lambda index, count: (
         f"sample {index} has {int(array[index])} tokens{under}, which exceeds max_token_len={max_token_len} "
         f"({count} sample(s) over the cap, the largest has {int(array.max())}): raise max_token_len "
-        f"to at least {int(measured.max())} or truncate those samples"
+        f"to at least {int(measured.max()) + max_token_len - capacity} or truncate those samples"
     ))
     if len(groups) == len(array):  # a group per sample, in sample order: the sums are the values
         group_tokens, group_work = measured.astype(np.int64), work.astype(np.int64)

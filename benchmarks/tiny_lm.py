@@ -1,0 +1,99 @@
+"""A tiny causal transformer on packed sequences, for metering memory (benchmarks and smoke tests).
+
+Sequences are packed into one row of tokens, as remove-padding trainers run them: the linear
+layers, norms and the loss see all the micro-batch's tokens at once, attention runs on each
+sequence alone (what varlen kernels do). Two attention kinds:
+
+- ``eager``: ``softmax(q k^T / sqrt(d) + causal mask) v`` written out, so every sequence's
+  ``heads x s x s`` probabilities are kept for the backward pass (quadratic memory, as in
+  Hugging Face's eager attention);
+- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``, whose
+  fused kernels keep no score matrix (linear memory on the CPU's flash kernel and on CUDA).
+
+``step(lengths)`` runs one forward and backward on random tokens of those lengths and leaves
+no gradient behind (``zero_grad(set_to_none=True)``), the contract of
+:func:`seqbal.memory.calibrate`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_KINDS = ("eager", "sdpa")
+
+
+class _Block(nn.Module):
+    def __init__(self, hidden: int, heads: int, attention: str) -> None:
+        super().__init__()
+        self.heads, self.attention = heads, attention
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+        self.up = nn.Linear(hidden, 4 * hidden, bias=False)
+        self.down = nn.Linear(4 * hidden, hidden, bias=False)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        return scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
+
+    def forward(self, x: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        t, hidden = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, hidden // self.heads).permute(1, 2, 0, 3)
+        pieces, start = [], 0
+        for s in lengths:  # one sequence at a time, as a varlen kernel sees them; 4-D for the fused kernels
+            window = slice(start, start + s)
+            pieces.append(self._attend(q[None, :, window], k[None, :, window], v[None, :, window])[0])
+            start += s
+        attended = torch.cat(pieces, dim=1).transpose(0, 1).reshape(t, hidden)
+        x = x + self.out(attended)
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+
+class TinyLM(nn.Module):
+    """Embedding, ``layers`` pre-norm blocks, a tied-free LM head; the loss is next-token
+    cross-entropy within each sequence."""
+
+    def __init__(self, vocab: int = 2048, hidden: int = 128, heads: int = 2, layers: int = 2,
+                 attention: str = "eager") -> None:
+        super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, hidden)
+        self.blocks = nn.ModuleList(_Block(hidden, heads, attention) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, lengths: Sequence[int]) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x, lengths)
+        logits = self.head(self.norm(x))
+        # next-token targets within each sequence; a sequence's last token predicts nothing
+        targets = torch.roll(ids, -1)
+        ends = torch.tensor(lengths, device=ids.device).cumsum(0) - 1
+        targets[ends] = -100
+        return F.cross_entropy(logits, targets, ignore_index=-100)
+
+
+def make_step(model: TinyLM, device: str = "cpu", seed: int = 0) -> Callable[[Sequence[int]], None]:
+    """``step(lengths)``: one forward and backward of ``model`` on random tokens of those
+    lengths (packed), gradients dropped afterwards."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def step(lengths: Sequence[int]) -> None:
+        lengths = [int(s) for s in lengths]
+        ids = torch.randint(0, model.vocab, (sum(lengths),), generator=generator).to(device)
+        model(ids, lengths).backward()
+        model.zero_grad(set_to_none=True)
+
+    return step

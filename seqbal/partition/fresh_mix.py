@@ -1,0 +1,291 @@
+"""A fresh random partition at a fixed count: items into exactly ``num_bins`` bins under a cap,
+a different mix for every random generator, for the epochs of a training run.
+
+Why not plan once and relabel: an epoch planned once and then only permuted keeps the same
+*lengths* together for the whole run (and, where lengths are unique or groups are forced, the
+very same samples). SGD wants a fresh mix of samples every epoch. A shuffle-then-fill (pack the
+samples in random order, one bin after the other) gives that, but its count changes with the
+shuffle and it wastes room at every bin's end; a trainer that reads ``len()`` once needs the
+same count every epoch, and every wasted percent is a percent more forwards.
+
+How: the items enter in a *noisy* decreasing order (each cost multiplied by a random factor in
+``[1, 1 + NOISE]``), so items of similar size swap places freely while large items still come
+before small ones; they are dealt in chunks of half the bins to the least-loaded bins (the
+largest item of a chunk to the emptiest bin, equal loads broken by a random bin priority). That
+is LPT (longest processing time first) balancing, which leaves every bin within about one small
+item of the mean, so at a count near the lower bound ``ceil(total / cap)`` almost everything
+fits where LPT puts it. An item that would overflow its bin is set aside, and the set-aside
+items are then placed by best fit decreasing into the rooms that are left (the tight packing
+LPT cannot do for items that are large next to the cap). Which items share a bin depends on
+the noise and the priorities, so two generators give unrelated mixes; the count does not
+change.
+
+Every bin receives items and none exceeds the capacity (or ``max_items`` items), or the try
+returns None: the caller decides what a failed try means (a larger count while searching for
+one, another draw or a known plan in a later epoch).
+
+Complexity: O(n log K) for ``n`` items and ``K`` bins, in NumPy (``2n / K`` chunk steps of
+O(K log K) each), plus O(d log K) in Python for ``d`` set-aside items; memory O(n + K).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "fresh_mix_bins", "noisy_best_fit_bins", "deal_slots"]
+
+#: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
+#: this ratio of each other enter in random order. Larger mixes more and packs less tightly.
+NOISE = 0.3
+#: The smallest items kept out of the deal for best fit: at least this share of the total cost...
+TAIL_SHARE = 0.05
+#: ... and at least this many times the room the bins will have left in all.
+TAIL_ROOMS = 4
+
+
+def fresh_mix_bins(
+    costs: np.ndarray,
+    num_bins: int,
+    capacity: int,
+    rng: np.random.Generator,
+    *,
+    max_items: Optional[int] = None,
+) -> Optional[np.ndarray]:
+    """One random partition of the items into exactly ``num_bins`` non-empty bins under the cap.
+
+    Args:
+        costs: each item's cost (int64, each ``<= capacity``, additive: a bin costs their sum).
+        num_bins: the number of bins, at most the number of items.
+        capacity: the cap on a bin's summed cost.
+        rng: the random stream; the same stream gives the same partition on every machine.
+        max_items: at most this many items per bin (None: no limit).
+
+    Returns:
+        the bin of every item (int64, in ``[0, num_bins)``), or None if this draw did not place
+        every item within the caps.
+
+    Complexity: O(n log K) (see the module docstring).
+
+    >>> bins = fresh_mix_bins(np.array([5, 4, 3, 3, 2, 2, 1]), 2, 10, np.random.default_rng(0))
+    >>> sorted(np.bincount(bins, weights=[5, 4, 3, 3, 2, 2, 1]).tolist())
+    [10.0, 10.0]
+    """
+    n = len(costs)
+    if num_bins < 1 or num_bins > n:
+        return None
+    item_limit = n if max_items is None else int(max_items)
+    if item_limit * num_bins < n:
+        return None
+    keys = costs * (1.0 + NOISE * rng.random(n))
+    order = np.lexsort((np.arange(n), -keys))  # noisy decreasing, index on (impossible) ties
+    bins_by_priority = np.argsort(rng.permutation(num_bins))  # which bin wins among equal loads
+    # First the balanced deal: every item dealt, best fit only for what overflows. Where that
+    # leaves rooms too small for what is left (a count near the bound), the tight deal keeps the
+    # smallest items out of the deal for best fit: LPT leaves every bin about the same room, and
+    # small items packed best-fit fill those rooms tightly (at the price of a few lighter bins).
+    total = int(costs.sum())
+    free = num_bins * capacity - total
+    from_end = np.cumsum(costs[order[::-1]])
+    tail = int(np.searchsorted(from_end, max(TAIL_SHARE * total, TAIL_ROOMS * free), side="left"))
+    for dealt in (n, max(n - tail, min(n, num_bins))):  # every bin gets an item from the deal
+        assigned = _deal(costs, order, dealt, bins_by_priority, capacity, item_limit)
+        if assigned is not None:
+            return assigned
+        if dealt < n:
+            break
+    return None
+
+
+def _deal(
+    costs: np.ndarray,
+    order: np.ndarray,
+    dealt: int,
+    bins_by_priority: np.ndarray,
+    capacity: int,
+    item_limit: int,
+) -> Optional[np.ndarray]:
+    """LPT-deal the first ``dealt`` items of ``order`` in chunks of half the bins, then best-fit
+    what overflowed and the rest of ``order``. The bin of every item, or None."""
+    n, num_bins = len(costs), len(bins_by_priority)
+    loads = np.zeros(num_bins, dtype=np.int64)
+    counts = np.zeros(num_bins, dtype=np.int64)
+    assigned = np.full(n, -1, dtype=np.int64)
+    set_aside: list[np.ndarray] = []
+    chunk = max(1, num_bins // 2)
+    for start in range(0, dealt, chunk):
+        items = order[start:min(start + chunk, dealt)]
+        items = items[np.argsort(-costs[items], kind="stable")]  # largest of the chunk first
+        # Bins by load ascending, equal loads in priority order; full bins (by count) dropped.
+        candidates = bins_by_priority[np.argsort(loads[bins_by_priority], kind="stable")]
+        if item_limit < n:
+            candidates = candidates[counts[candidates] < item_limit]
+        take = min(len(items), len(candidates))
+        targets = candidates[:take]
+        fits = loads[targets] + costs[items[:take]] <= capacity
+        placed, placed_bins = items[:take][fits], targets[fits]
+        assigned[placed] = placed_bins
+        loads[placed_bins] += costs[placed]  # targets are distinct bins
+        counts[placed_bins] += 1
+        set_aside.append(items[:take][~fits])
+        set_aside.append(items[take:])
+    set_aside.append(order[dealt:])
+    leftover = np.concatenate(set_aside)
+    if len(leftover) and not _best_fit_into(costs, leftover, loads, counts, assigned, capacity, item_limit):
+        return None
+    if np.any(counts == 0):
+        return None
+    return assigned
+
+
+def _best_fit_into(
+    costs: np.ndarray,
+    items: np.ndarray,
+    loads: np.ndarray,
+    counts: np.ndarray,
+    assigned: np.ndarray,
+    capacity: int,
+    item_limit: int,
+) -> bool:
+    """Place ``items`` (largest first) each into the bin with the least room that still fits
+    it and has fewer than ``item_limit`` items; update the arrays in place. False as soon as one
+    fits nowhere (or at once, when their total exceeds the room left). O(d log K)."""
+    num_bins = len(loads)
+    open_bins = np.flatnonzero(counts < item_limit)
+    rooms = capacity - loads[open_bins]
+    if int(costs[items].sum()) > int(rooms.sum()):
+        return False
+    index = _RoomIndex(np.sort(rooms * num_bins + open_bins).tolist())
+    for item in items[np.argsort(-costs[items], kind="stable")].tolist():
+        size = int(costs[item])
+        key = index.pop_at_least(size * num_bins)
+        if key is None:
+            return False
+        room, target = divmod(key, num_bins)
+        assigned[item] = target
+        loads[target] += size
+        counts[target] += 1
+        if counts[target] < item_limit:
+            index.insert((room - size) * num_bins + target)
+    return True
+
+
+class _RoomIndex:
+    """Sorted ints in blocks of at most ``2 * BLOCK`` with each block's largest in ``maxes``: the
+    smallest key ``>= probe`` is two binary searches away, and an update shifts one block rather
+    than every open bin (a flat list is a memmove of all keys per update). O(log K) per call."""
+
+    BLOCK = 512
+
+    def __init__(self, keys: list) -> None:
+        self.blocks = [keys[i:i + self.BLOCK] for i in range(0, len(keys), self.BLOCK)]
+        self.maxes = [block[-1] for block in self.blocks]
+
+    def pop_at_least(self, probe: int) -> Optional[int]:
+        i = bisect.bisect_left(self.maxes, probe)
+        if i == len(self.maxes):
+            return None
+        block = self.blocks[i]
+        key = block.pop(bisect.bisect_left(block, probe))
+        if not block:
+            del self.blocks[i], self.maxes[i]
+        else:
+            self.maxes[i] = block[-1]
+        return key
+
+    def insert(self, key: int) -> None:
+        i = min(bisect.bisect_left(self.maxes, key), len(self.maxes) - 1)
+        if i < 0:
+            self.blocks.append([key])
+            self.maxes.append(key)
+            return
+        block = self.blocks[i]
+        bisect.insort(block, key)
+        self.maxes[i] = block[-1]
+        if len(block) > 2 * self.BLOCK:
+            self.blocks[i:i + 1] = [block[:self.BLOCK], block[self.BLOCK:]]
+            self.maxes[i:i + 1] = [block[self.BLOCK - 1], block[-1]]
+
+
+def noisy_best_fit_bins(
+    costs: np.ndarray,
+    num_bins: int,
+    capacity: int,
+    rng: np.random.Generator,
+    *,
+    noise: float = 0.1,
+    max_items: Optional[int] = None,
+) -> Optional[np.ndarray]:
+    """Best fit in a noisy decreasing order (each cost times a random factor in ``[1, 1 + noise]``),
+    opening bins as needed, then split up to exactly ``num_bins``: a random partition for inputs
+    too tight for :func:`fresh_mix_bins` (items large next to the cap, no room to spare). Its
+    bins hold items of similar sizes, but which ones changes with ``rng``.
+
+    Returns:
+        the bin of every item, or None if the packing needs more than ``num_bins`` bins.
+
+    Complexity: O(n log n) in Python (one best-fit pass) plus the split.
+
+    >>> noisy_best_fit_bins(np.array([6, 4, 5, 5]), 2, 10, np.random.default_rng(0)).tolist()
+    [0, 0, 1, 1]
+    """
+    from .packing import split_bins_to_count
+
+    n = len(costs)
+    if num_bins < 1 or num_bins > n:
+        return None
+    item_limit = n if max_items is None else int(max_items)
+    keys = costs * (1.0 + noise * rng.random(n))
+    order = np.lexsort((np.arange(n), -keys))
+    index = _RoomIndex([])
+    members: list[list[int]] = []
+    for item in order.tolist():
+        size = int(costs[item])
+        key = index.pop_at_least(size * n)
+        if key is None:
+            if len(members) == num_bins:
+                return None
+            room, target = capacity, len(members)
+            members.append([])
+        else:
+            room, target = divmod(key, n)
+        members[target].append(item)
+        if len(members[target]) < item_limit:
+            index.insert((room - size) * n + target)
+    if len(members) < num_bins:
+        members = split_bins_to_count(members, costs, num_bins)
+    assigned = np.empty(n, dtype=np.int64)
+    for target, items in enumerate(members):
+        assigned[items] = target
+    return assigned
+
+
+def deal_slots(bin_workloads: np.ndarray, num_replicas: int, rng: Optional[np.random.Generator]) -> np.ndarray:
+    """Arrange ``K = num_replicas * M`` bins as ``[rank][slot]``: slot ``i`` holds ``num_replicas``
+    bins of similar workload, one per rank.
+
+    Bins sorted by workload (heaviest first) are cut into consecutive runs of ``num_replicas``:
+    neighbours in that order differ least, so every slot's bins are near-equal and a rank waits
+    little for the others at each micro-batch. With ``rng``, the slots come in random order and
+    each slot's bins go to the ranks in random order (ties in workload broken by ``rng`` too);
+    without it, heaviest slot first and bins in workload order.
+
+    Returns:
+        an int64 array of shape ``(num_replicas, M)`` of bin ids.
+
+    Complexity: O(K log K).
+
+    >>> deal_slots(np.array([5, 1, 4, 2]), 2, None).tolist()
+    [[0, 3], [2, 1]]
+    """
+    num_bins = len(bin_workloads)
+    slots = num_bins // num_replicas
+    tie = rng.permutation(num_bins) if rng is not None else np.arange(num_bins)
+    by_work = np.lexsort((tie, -np.asarray(bin_workloads, dtype=np.float64)))
+    grid = by_work.reshape(slots, num_replicas)
+    if rng is not None:
+        grid = grid[rng.permutation(slots)]
+        grid = np.take_along_axis(grid, rng.permuted(np.tile(np.arange(num_replicas), (slots, 1)), axis=1), axis=1)
+    return grid.T.copy()
