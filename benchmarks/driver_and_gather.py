@@ -1,4 +1,4 @@
-"""Two more planning-cost ratios (issue 10): the driver schedule and the copy around the plan.
+"""Two more planning-cost ratios (the planning-cost targets of docs/benchmarks_method.md): the driver schedule and the copy around the plan.
 
     python -m benchmarks.driver_and_gather                 # both, 5 repeats: median and worst round
     python -m benchmarks.driver_and_gather --repeats 3 --caps 16384

@@ -4,8 +4,8 @@
     python -m benchmarks.prove_count uniform 64 4096 30 --time-limit 60 --workers 2
 
 The count search's tries are heuristics: where a try fails at a count that no lower bound
-rules out, the plan pays for the try and nobody knows whether the count was possible. Issue 29
-lets a small plan keep such a cost where it is the price of a count that is in fact infeasible,
+rules out, the plan pays for the try and nobody knows whether the count was possible. The small-plan
+target (docs/benchmarks_method.md) lets a small plan keep such a cost where it is the price of a count that is in fact infeasible,
 named with its proof in docs/benchmarks_method.md. This script is that proof: it hands the
 case (the ``benchmarks.planning_cost`` lengths, forced groups summed) to the CP-SAT solver of
 Google OR-Tools as a 0/1 model (every item in exactly one of ``count`` micro-batches, every

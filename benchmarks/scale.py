@@ -1,4 +1,4 @@
-"""Planning time and memory at dataset scale: 65,536 to 10^7 samples (issues 13 and 29).
+"""Planning time and memory at dataset scale: 65,536 to 10^7 samples (docs/benchmarks.md).
 
     python -m benchmarks.scale                                   # every family, n 65536 / 10^6 / 10^7, cap 4096
     python -m benchmarks.scale --sizes 65536 1000000 --caps 4096 32768 --out after.json
@@ -20,7 +20,7 @@ docs/benchmarks.md).
 
 Families: those of ``benchmarks/workloads.py`` (the real lists drawn with replacement past
 their size) and ``near_third`` (uniform on [1160, 1570) at cap 4096, scaled to the cap: two or
-three share a micro-batch and the count search repairs many tries, the shape of issue 13).
+three share a micro-batch and the count search repairs many tries, the shape that once took minutes).
 """
 
 from __future__ import annotations

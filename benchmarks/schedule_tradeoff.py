@@ -1,6 +1,6 @@
 """What the slot evening's stops cost and buy: ``build_dp_schedule`` at 32,768 x 32 per variant.
 
-Issue 29's point 3 asks for ``build_dp_schedule`` at 32,768 samples on 32 ranks within 12
+The schedule's 12-pass target asks for ``build_dp_schedule`` at 32,768 samples on 32 ranks within 12
 best-fit-decreasing passes *and* its step efficiency unchanged. Rounds of same-trade speed-ups
 (``docs/benchmarks.md``, "Planning cost of the schedule") left the slot evening
 (``seqbal/schedule/slots.py``) at up to 21 passes on its own, and every change of its order
@@ -50,7 +50,7 @@ VARIANTS: dict[str, dict[str, float]] = {
     "excess-3e-5": {"SLOT_MIN_EXCESS": 3e-5},
     "excess-1e-4": {"SLOT_MIN_EXCESS": 1e-4},
 }
-#: Issue 29's target, in BFD passes.
+#: The schedule's 12-pass target, in BFD passes.
 TARGET = 12.0
 CAPS = (16384, 32768)
 

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ppo_actor_forward import init_distributed, micro_batch_log_probs, rollout_batch
-from seqbal import loss_weights, micro_batch_metrics, rearrange_micro_batches, restore_dynamic_batch
+from seqbal import (calculate_workload, ceildiv, get_seqlen_balanced_partitions, loss_weights, micro_batch_metrics,
+                    rearrange_micro_batches, restore_dynamic_batch)
 from tiny_model import TinyCausalLM
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -117,22 +118,61 @@ def reference_gradient(model: TinyCausalLM, everything, mode: str) -> torch.Tens
     return flat_gradient(model)
 
 
-def format_table(rank: int, micro_batches, indices, weights, cap: int, metrics: dict) -> str:
+def naive_one_pass(lengths: list[int], cap: int, group) -> str:
+    """What verl <= 0.8 would have done with this rank's batch: the count ``ceildiv(tokens, cap)``
+    (capped at the samples, the ranks' MAX in one all-reduce), one Karmarkar-Karp pass on the
+    workloads at that count (seqbal's verl-compatible ``get_seqlen_balanced_partitions``), and
+    no check of the cap. Shown as the count and the largest ``samples x longest`` (what this
+    padded forward allocates) against the cap."""
+    count = torch.tensor([min(len(lengths), ceildiv(sum(lengths), cap))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)  # a CPU tensor: gloo; the line is for show
+    count = int(count)
+    if count > len(lengths):  # verl asserts here, on this rank alone, while the others wait
+        return f"verl <= 0.8 on this batch: fails, the ranks' count {count} is more than its {len(lengths)} samples"
+    parts = get_seqlen_balanced_partitions(calculate_workload(lengths).tolist(), count, equal_size=False)
+    padded = [len(part) * max(lengths[i] for i in part) for part in parts]
+    over = sum(cost > cap for cost in padded)
+    return (f"verl <= 0.8 on this batch: {count} micro-batches, largest {max(padded)} against the cap {cap}"
+            + (f" ({over} over it)" if over else " (none over it)"))
+
+
+def format_table(rank: int, micro_batches, indices, weights, metrics: dict, loss_total: float, naive: str) -> str:
+    """This rank's micro-batches: samples, ``samples x longest`` against the cap, loss tokens and
+    share of the step's loss (its ``sum(w x loss tokens)`` over that sum on every rank); a dummy
+    holds none of the batch's samples (one copied row, weight 0)."""
     lines = [
-        f"rank {rank}: {len(micro_batches)} micro-batches, {metrics['seqbal/dummies']} dummies, "
-        f"fill {metrics['seqbal/fill']:.0%}, workload imbalance {metrics['seqbal/workload_imbalance']:.2f}",
-        f"{'micro-batch':>11}  {'samples':>7}  {'samples x longest':>17}  {'cap':>4}  {'loss tokens':>11}  "
-        f"{'sum w x tokens':>14}  kind",
+        f"rank {rank}: {len(micro_batches)} micro-batches ({metrics['seqbal/dummies']} dummies), "
+        f"fill {metrics['seqbal/fill']:.0%}, workload max/mean {metrics['seqbal/workload_imbalance']:.2f}",
+        f"  {'micro-batch':>11}  {'samples':>7}  {'samples x longest':>17}  {'loss tokens':>11}  "
+        f"{'share of the loss':>17}  kind",
     ]
     for i, (mb, part, w) in enumerate(zip(micro_batches, indices, weights)):
         lengths = mb["attention_mask"].sum(-1)
         area = len(lengths) * int(lengths.max())
         tokens = mb["loss_mask"].sum(-1)
+        share = float((w * tokens).sum()) / loss_total if loss_total else 0.0
         lines.append(
-            f"{i:>11}  {len(lengths):>7}  {area:>17}  {cap:>4}  {int(tokens.sum()):>11}  "
-            f"{float((w * tokens).sum()):>14.4f}  {'dummy' if not part else 'real'}"
+            f"  {i:>11}  {len(part):>7}  {area:>17}  {int(tokens.sum()) if part else 0:>11}  "
+            f"{share:>16.1%}  {'real' if part else 'dummy'}"
         )
+    lines.append(f"  {naive}")
     return "\n".join(lines)
+
+
+LEGEND = """\
+How to read the tables (one per rank):
+  samples x longest  what the padded forward allocates; seqbal keeps it under the cap
+  loss tokens        the micro-batch's tokens in the loss mask
+  share of the loss  its sum(w x loss tokens) over that sum on every rank, w being
+                     loss_weights' weight per sample: the part of the step's loss it
+                     carries, 100% over all ranks (token-mean: its share of loss tokens)
+  fill               the rank's tokens over micro-batches x cap
+  workload max/mean  the heaviest micro-batch's compute over the mean (1.00 is even)
+  dummy              0 samples of the batch: one copied row with weight 0, so that a
+                     short rank runs the agreed count
+  verl <= 0.8        what its one Karmarkar-Karp pass at ceildiv(tokens, cap), with no
+                     check of the cap, would run on the same batch: the count, and the
+                     largest samples x longest against the cap"""
 
 
 def main() -> int:
@@ -203,12 +243,18 @@ def main() -> int:
     after_total = after.reshape(1)
     dist.all_reduce(after_total)
 
-    table = format_table(rank, micro_batches, indices, weights, args.max_token_len, metrics)
+    # the share of the loss: each micro-batch's sum(w x loss tokens) over that sum on every rank
+    carried = torch.tensor([sum(float((w * mb["loss_mask"].sum(-1)).sum()) for mb, w in zip(micro_batches, weights))],
+                           dtype=torch.float64, device=device)
+    dist.all_reduce(carried, group=group)
+    naive = naive_one_pass(lengths, args.max_token_len, group)
+    table = format_table(rank, micro_batches, indices, weights, metrics, float(carried), naive)
     tables = [None] * world
     dist.all_gather_object(tables, table)
     if rank == 0:
         print(f"backend: {backend} ({world} rank(s)); samples per rank: "
               f"{[len(b) for b in gathered]}; cap {args.max_token_len} on samples x longest\n")
+        print(LEGEND + "\n")
         print("\n\n".join(tables))
         print(f"\n{'mode':<20}  {'loss':>10}  {'max |grad - full-batch grad|':>28}  check")
         for mode in MODES:

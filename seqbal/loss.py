@@ -69,11 +69,20 @@ def _check_zero_one(values: torch.Tensor, key: str, position: int) -> None:
 
 
 def _tokens_per_sample(mask: Any, key: str, position: int) -> torch.Tensor:
-    """Loss tokens of each row of a dense ``[b, T, ...]`` or jagged nested ``[b, j, ...]`` mask."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() < 2:
-        shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+    """Loss tokens of each row of a dense ``[b, T]`` or jagged nested ``[b, j]`` mask.
+
+    Exactly two dimensions: a ``[b, T, k]`` mask would count each token ``k`` times, silently
+    wrong weights, so it is an error (agreed like every other) naming its shape."""
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        if not isinstance(mask, torch.Tensor):
+            shape = type(mask).__name__
+        elif mask.is_nested:
+            shape = f"a nested tensor of {mask.dim()} dimensions"
+        else:
+            shape = f"shape {list(mask.shape)}"
         raise MicroBatchPlanError(
-            f"{key} of micro-batch {position} must be a [b, T] tensor (dense or jagged nested), got {shape}",
+            f"{key} of micro-batch {position} must be a [b, T] tensor (dense or jagged nested, one 0/1 entry "
+            f"per token), got {shape}",
             MicroBatchPlanError.BAD_BATCH,
         )
     if mask.is_nested:
@@ -82,7 +91,7 @@ def _tokens_per_sample(mask: Any, key: str, position: int) -> torch.Tensor:
             _check_zero_one(row, key, position)
         return torch.stack([row.sum(dtype=torch.int64) for row in rows]) if rows else torch.zeros(0, dtype=torch.int64)
     _check_zero_one(mask, key, position)
-    return mask.reshape(mask.shape[0], -1).sum(-1, dtype=torch.int64)
+    return mask.sum(-1, dtype=torch.int64)
 
 
 def _weight_dtype(dtype: Any) -> Optional[torch.dtype]:

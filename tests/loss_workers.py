@@ -124,6 +124,9 @@ def error_scenario(rank: int, kind: str, group) -> dict:
         mode = "seq-mean-token-sum"
     if kind == "half_mask" and rank == 1:
         micro_batches[0]["loss_mask"] = micro_batches[0]["loss_mask"] * 0.5
+    if kind == "three_d_mask" and rank == 1:  # [b, T, 2]: each token twice, if it were accepted
+        mask = micro_batches[0]["loss_mask"]
+        micro_batches[0] = TensorDict({"loss_mask": mask[..., None].expand(*mask.shape, 2)}, [mask.shape[0]])
     return error_record(lambda: seqbal.loss_weights(micro_batches, indices, loss_mask_key=key, mode=mode, dp_group=group))
 
 
@@ -148,7 +151,7 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             for reduction in ("mean", "sum"):
                 for precision in PRECISIONS:
                     records[f"{mode}/{reduction}/{precision}"] = accumulate(rank, mode, reduction, False, group, precision)
-        for kind in ("missing_key", "mismatched_mode", "half_mask"):
+        for kind in ("missing_key", "mismatched_mode", "half_mask", "three_d_mask"):
             records[f"error/{kind}"] = error_scenario(rank, kind, group)
         lengths = rank_batch(rank)["attention_mask"].sum(-1).tolist()
         # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang

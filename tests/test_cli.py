@@ -80,19 +80,23 @@ def test_default_sample_prints_seqbal_and_both_verl_versions():
     assert result.stderr == ""  # no progress and no verl import warnings in a pipe
     out = result.stdout
     assert "qwen25math_cot_rollouts.txt (shipped sample): 800 samples, 383611 tokens" in out
-    # the report leads with what changes for the user: time, count, largest micro-batch, impossible input
+    # the report leads with what changes for the user: count, largest micro-batch, time, impossible input
     head = out.split("seqbal: 94 micro-batches per rank")[0]
-    assert re.search(rf"^  planning time \(one rank, on this machine\): seqbal \d+ ms, {VERL} \d+(\.\d)? m?s, "
-                     r"verl <= 0\.8 \d+(\.\d)? m?s$", head, re.M)
-    assert re.search(r"^  micro-batches per rank\s+94\s+96\s+94$", head, re.M)
-    assert re.search(r"^  largest micro-batch\s+4096 \(cap 4096\)\s+\d+\s+4136, 64 over the cap$", head, re.M)
+    flat = " ".join(out.split())
+    assert re.search(rf"planning time \(one rank, on this machine\): seqbal \d+ ms, {VERL} \d+(\.\d)? m?s, "
+                     r"verl <= 0\.8 \d+(\.\d)? m?s\.", flat)
+    assert re.search(r"^  seqbal\s+94\s+4096 \(cap 4096\)$", head, re.M)
+    assert re.search(rf"^  {VERL} \(strict loop\)\s+96\s+\d+$", head, re.M)
+    assert re.search(r"^  verl <= 0\.8 \(one pass\)\s+94\s+4136, 64 over the cap$", head, re.M)
     assert "a sample over the cap: seqbal raises a ValueError on every rank" in " ".join(head.split())
     assert re.search(rf"^{VERL} ran: ", head, re.M)
-    assert re.search(rf"^{VERL} \(strict loop\): 96 micro-batches per rank, 3 KK pass\(es\) \(\d+ ms\)", out, re.M)
+    assert re.search(rf"{VERL} \(strict loop\): 96 micro-batches per rank, 3 KK pass\(es\) \(\d+(\.\d)? m?s\)", flat)
     # verl <= 0.8: one KK pass at ceildiv(383611, 4096) = 94 parts, 64 of them over the cap
-    assert "verl <= 0.8 (one KK pass): 94 micro-batches per rank, 64 over the cap, largest 4136" in out
-    for title in ("samples", "tokens", "packing bound", "micro-batches", "fill %", "workload max/mean", "largest micro-batch"):
+    assert "verl <= 0.8 (one KK pass): 94 micro-batches per rank, 64 over the cap, largest 4136" in flat
+    assert all(len(line) <= 80 for line in out.splitlines()), [line for line in out.splitlines() if len(line) > 80]
+    for title in ("samples", "tokens", "packing", "bound", "micro-", "batches", "fill", "workload", "max/mean", "largest"):
         assert title in out, title
+    assert "max_token_len=4096 (the default; --max-token-len sets it)" in out
 
 
 def test_json_matches_library_and_agreement_rule():
@@ -164,7 +168,7 @@ def test_sample_cap_reaches_the_planner_and_the_report(route):
     assert [r["most_samples"] for r in rows] == [max(map(len, p)) for p in plans]
     assert all(r["most_samples"] <= 6 and r["packing_bound"] >= -(-r["samples"] // 6) for r in rows)
     text = call("plan", *args).stdout
-    assert "max samples per micro-batch=6" in text and "most samples (cap 6)" in text
+    assert "max samples per micro-batch=6" in " ".join(text.split()) and "most samples" in text and "(cap 6)" in text
     assert "most samples" not in call("plan", "--compare", "off").stdout  # no column without the cap
     assert_clean_failure(call("plan", "--group-size", "4", "--max-token-len", "16384", "--max-samples-per-micro-batch", "3"),
                          "forced group of 4 samples exceeds max_samples_per_micro_batch=3")
@@ -176,6 +180,7 @@ def test_the_comparison_says_verl_has_no_sample_cap():
     """verl's count plans tokens alone: under --max-samples-per-micro-batch the report says so
     beside the counts, and says nothing of it without the flag."""
     capped = call("plan", "--max-token-len", "8192", "--max-samples-per-micro-batch", "8").stdout
+    capped = " ".join(capped.split())
     assert "has no cap on samples per micro-batch" in capped and "max_samples_per_micro_batch=8" in capped
     assert "no cap on samples" not in call("plan", "--max-token-len", "8192").stdout
 
@@ -279,6 +284,8 @@ def test_missing_file():
         (["--dp", "8", "--min-micro-batches", "101", "--route", "contiguous"], ["rank 7: Cannot satisfy max_token_len=4096"]),
         (["--dp", "0"], ["argument --dp: must be an integer from 1"]),
         (["--dp", "801"], ["cannot split 800 group(s)"]),
+        (["--dp", "10000"], ["over --dp 10000 ranks", "--dp can be at most 800 here"]),
+        (["--group-size", "8", "--dp", "101"], ["cannot split 100 group(s) of 8 sample(s)", "--dp can be at most 100 here"]),
     ],
 )
 def test_impossible_settings_exit_2_with_library_explanation(args, needles):
@@ -337,7 +344,8 @@ def test_report_when_the_verl_loops_fail(tmp_path):
     text = format_report(report)
     assert "seqbal: 2 micro-batches per rank" in text
     assert re.search(rf"^{VERL} \(strict loop\): fails, it reaches 4 micro-batches", text, re.M)
-    assert re.search(r"^  micro-batches per rank\s+2\s+fails at 4\s+fails$", text, re.M)
+    assert re.search(rf"^  {VERL} \(strict loop\)\s+fails at 4\s+fails at 4$", text, re.M)
+    assert re.search(r"^  verl <= 0\.8 \(one pass\)\s+fails\s+fails$", text, re.M)
     assert "verl <= 0.8 (one KK pass): fails" in text
 
 
@@ -552,9 +560,10 @@ def test_schedule_route_is_build_dp_schedule():
 
 def test_routes_are_compared_in_the_text_output():
     out = call("plan", "--dp", "8").stdout
-    assert "ranks split by balance_batch (verl's driver-side default)" in out
-    for name in ("balance_batch (verl's driver-side default)", "contiguous chunks", "build_dp_schedule (global, on the driver)"):
+    assert "ranks split by balance_batch (verl's driver-side default)" in " ".join(out.split())
+    for name in ("balance_batch", "contiguous", "schedule"):
         assert re.search(rf"^  {re.escape(name)}\s+\d+\s+[\d.]+%\s+[\d.]+", out, re.M), name
+    assert re.search(r"^  balance_batch\s+\d+\s+[\d.]+%\s+[\d.]+\s+\(shown above\)$", out, re.M)
 
 
 def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatch):
@@ -572,7 +581,7 @@ def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatc
     result = call("plan", str(path), "--dp", "2")
     assert result.returncode == 0, result.stderr
     assert ("comparison with verl and the other routes skipped: verl's Karmarkar-Karp would build 490,000 sets "
-            "per pass here") in result.stdout
+            "per pass here") in " ".join(result.stdout.split())
     report = plan_json("--compare", "off")
     assert report["verl_0_9"] is None and report["verl_0_8"] is None and report["routes"] is None
     assert report["settings"]["kk_sets_per_pass"] == 800 * 94
@@ -586,7 +595,7 @@ def test_compare_rule_skips_verl_when_its_kk_would_be_large(tmp_path, monkeypatc
 def test_one_pass_baseline_is_verl_0_8():
     """ceildiv count, KK on workloads, no check: the shipped sample overshoots 64 times."""
     from seqbal import calculate_workload, ceildiv, karmarkar_karp
-    from seqbal._kk_loop import kk_one_pass_plans
+    from seqbal.cli.kk_loop import kk_one_pass_plans
 
     lengths = np.loadtxt(SAMPLE, dtype=np.int64)
     result = kk_one_pass_plans([lengths], 4096)
@@ -639,7 +648,8 @@ def test_plan_on_the_padded_cost_bounds_padded_memory(tmp_path) -> None:
     assert report["seqbal"]["ranks"][0]["largest_cost"] <= 4096
     assert report["seqbal"]["ranks"][0]["over_cap"] == 0
     assert report["verl_0_9"]["ranks"][0]["over_cap"] > 0  # verl plans tokens: padded memory overshoots
-    text = call("plan", str(lengths), "--max-token-len", "4096", "--cost", "padded", "--compare", "on").stdout
+    text = call("plan", str(lengths), "--max-token-len", "4096", "--cost", "padded", "--compare", "on", "--width", "200").stdout
+    text = " ".join(text.split())
     assert "on the padded cost (samples x longest)" in text and "largest cost" in text
     assert "exceed max_token_len on the padded cost" in text
 
@@ -676,7 +686,7 @@ def test_bad_cost_options_exit_2_with_one_line(args: list[str], needle: str) -> 
 
 
 def _verl_code():
-    from seqbal._verl_run import load_verl
+    from seqbal.cli.verl_run import load_verl
 
     code = load_verl()
     if code.module is None:
@@ -695,7 +705,7 @@ def _resampled(n: int, seed: int) -> np.ndarray:
 def test_reimplementation_partitions_like_verl(dp, n, cap, group, divisible, minimum):
     """Same micro-batches as verl 0.9.1's rearrange_micro_batches, synced ranks included; the
     one pass of verl <= 0.8 likewise with verl's KK and with the re-implemented one."""
-    from seqbal._verl_run import one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli.verl_run import one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
     from seqbal.cli import _OneTorchThread, split_over_ranks
 
     code = _verl_code()
@@ -732,7 +742,7 @@ def _median_ratio(first, second, rounds: int) -> float:
 def test_reimplementation_costs_what_verl_costs_side_by_side():
     """The fallback must not be a faster verl: within 2x of verl's own call on the same lengths,
     both ways (the median of 5 back-to-back rounds; typical ratio 0.8-1.2 on a busy machine)."""
-    from seqbal._verl_run import reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli.verl_run import reimplemented_strict_loop, verl_strict_loop
     from seqbal.cli import _OneTorchThread
 
     code = _verl_code()
@@ -752,7 +762,7 @@ def test_fallback_in_its_own_process_costs_what_verl_costs():
     script = (
         "import sys, time, numpy as np\n"
         "{hide}"
-        "from seqbal._verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop\n"
+        "from seqbal.cli.verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop\n"
         "from seqbal.cli import _OneTorchThread\n"
         "rng = np.random.default_rng(7)\n"
         f"lengths = rng.choice(np.loadtxt({str(SAMPLE)!r}, dtype=np.int64), 600)\n"
@@ -781,7 +791,7 @@ def test_fallback_in_its_own_process_costs_what_verl_costs():
 
 def test_report_says_which_verl_ran(monkeypatch):
     import seqbal.cli as cli
-    from seqbal._verl_run import VerlCode
+    from seqbal.cli.verl_run import VerlCode
 
     real = plan_json("--dp", "2", "--max-token-len", "16384")
     assert real["verl_0_9"]["ran"] in ("verl", "reimplementation")
@@ -806,7 +816,7 @@ def test_verl_asserts_on_one_rank_and_leaves_the_other_waiting():
     sample over the cap raises before the first all-reduce, the other is left waiting in it;
     seqbal raises on every rank."""
     from seqbal import MicroBatchPlanError, plan_data_parallel
-    from seqbal._verl_run import verl_strict_loop
+    from seqbal.cli.verl_run import verl_strict_loop
     from seqbal.cli import IMPOSSIBLE_INPUT
 
     code = _verl_code()
@@ -948,3 +958,149 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
     drawn = terminal.getvalue()
     assert "seqbal: planning 400 samples with seqbal [" in drawn and "] 100%" in drawn, drawn
     assert drawn.endswith("\r\033[K") and result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "names"),
+    [
+        ("seqbal._length_input", "seqbal.cli.lengths", ["read_lengths", "InputError", "DEFAULT_SAMPLE", "Lengths"]),
+        ("seqbal._verl_run", "seqbal.cli.verl_run", ["load_verl", "verl_strict_loop", "one_pass_0_8", "VerlCode"]),
+        ("seqbal._kk_loop", "seqbal.cli.kk_loop", ["kk_loop_plans", "kk_one_pass_plans", "verl_karmarkar_karp"]),
+    ],
+)
+def test_the_cli_modules_live_under_the_cli_and_their_old_paths_still_import(old, new, names):
+    """The CLI's own modules sit in seqbal/cli/; the old top-level names hand out the same objects."""
+    import importlib
+
+    moved, kept = importlib.import_module(new), importlib.import_module(old)
+    assert Path(moved.__file__).parent.name == "cli"
+    for name in names:
+        assert getattr(kept, name) is getattr(moved, name), name
+    assert set(names) <= set(dir(kept))
+
+
+def test_the_shipped_sample_is_found_from_the_moved_reader():
+    from seqbal.cli.lengths import DEFAULT_SAMPLE, read_lengths
+
+    assert DEFAULT_SAMPLE.is_file()
+    assert len(read_lengths(None).values) == 800
+
+
+# ---------------------------------------------------------------------------------------------
+# The text report on an 80-column terminal, the cap it uses, and routes that cannot plan
+# ---------------------------------------------------------------------------------------------
+
+
+def _long_tail_lengths(n: int = 5000) -> np.ndarray:
+    """16k-scale lengths: a long lognormal tail clipped at 16384 (longest exactly 16384)."""
+    lengths = np.clip(np.random.default_rng(5).lognormal(7.5, 1.0, n), 16, 16384).astype(np.int64)
+    lengths[0] = 16384
+    return lengths
+
+
+def _too_wide(text: str, width: int = 80) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > width]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],  # the cap chosen from the data (16384), the comparison skipped by auto
+        ["--max-token-len", "65536"],  # the comparison with verl and the other routes runs
+        ["--max-token-len", "65536", "--cost", "padded", "--max-samples-per-micro-batch", "64", "--group-size", "2",
+         "--divisible-by", "2", "--min-micro-batches", "3", "--seed", "7", "--compare", "off"],
+    ],
+    ids=["default", "compared", "every-column"],
+)
+def test_every_line_fits_80_columns_on_5000_lengths_at_dp_8(tmp_path, monkeypatch, options):
+    monkeypatch.chdir(tmp_path)  # the file named as a user names it (a path is never broken)
+    np.savetxt("lengths.txt", _long_tail_lengths(), fmt="%d")
+    result = call("plan", "lengths.txt", "--dp", "8", *options)
+    assert result.returncode == 0, result.stderr
+    assert not _too_wide(result.stdout), _too_wide(result.stdout)
+    assert len(result.stdout.splitlines()) > 15
+
+
+@pytest.mark.parametrize("options", [[], ["--dp", "4"], ["--cost", "padded", "--max-samples-per-micro-batch", "8"]])
+def test_every_line_fits_80_columns_on_the_shipped_sample(options):
+    result = call("plan", *options)
+    assert result.returncode == 0, result.stderr
+    assert not _too_wide(result.stdout), _too_wide(result.stdout)
+
+
+def test_a_wider_layout_on_request_and_on_a_wider_terminal(monkeypatch):
+    """--width N, or a terminal wider than 80: one-line column titles and unbroken notes; a
+    pipe or a narrower terminal gets 80 columns."""
+    wide = call("plan", "--dp", "2", "--compare", "off", "--width", "150").stdout
+    assert "packing bound  micro-batches  fill %  workload max/mean  largest micro-batch" in wide
+    assert max(len(line) for line in wide.splitlines()) > 80
+    assert not _too_wide(wide, 150)
+    narrow = call("plan", "--dp", "2", "--compare", "off").stdout
+    assert "packing bound  micro-batches" not in narrow and not _too_wide(narrow)
+
+    from seqbal.cli import command
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for columns, expected in ((150, 150), (60, 80)):
+        monkeypatch.setattr(command.shutil, "get_terminal_size", lambda fallback, c=columns: os.terminal_size((c, 40)))
+        monkeypatch.setattr(command.sys, "stdout", Terminal())
+        assert command._report_width(None) == expected
+        assert command._report_width(100) == 100
+    monkeypatch.setattr(command.sys, "stdout", io.StringIO())  # a pipe: never the terminal's width
+    assert command._report_width(None) == 80
+
+
+def test_the_cap_used_without_max_token_len_is_said_and_fits_the_data(tmp_path):
+    """Not given: 4096 where every sample fits (and said to be the default), else the smallest
+    power of two that holds the longest sample (said so), never an error about a value the
+    user never typed."""
+    report = plan_json("--compare", "off")
+    assert report["settings"]["max_token_len"] == 4096 and report["settings"]["max_token_len_source"] == "default"
+    path = tmp_path / "long.txt"
+    path.write_text("\n".join(["12000", "300", "9000", "5000"]) + "\n")
+    result = call("plan", str(path), "--compare", "off")
+    assert result.returncode == 0, result.stderr
+    flat = " ".join(result.stdout.split())
+    assert ("max_token_len=16384 (--max-token-len not given: the smallest power of two from 4096 up that holds "
+            "every sample)") in flat
+    report = plan_json(str(path), "--compare", "off")
+    assert report["settings"]["max_token_len"] == 16384 and report["settings"]["max_token_len_source"] == "data"
+    assert report["seqbal"]["micro_batches_per_rank"] == 2
+    given = plan_json(str(path), "--max-token-len", "12000", "--compare", "off")["settings"]
+    assert (given["max_token_len"], given["max_token_len_source"]) == (12000, "given")
+    assert "the default" not in call("plan", str(path), "--max-token-len", "12000", "--compare", "off").stdout
+    # the chosen cost of a forced group counts: padded, groups of two cost 2 x 12000 and 2 x 9000
+    pairs = plan_json(str(path), "--group-size", "2", "--cost", "padded", "--compare", "off")["settings"]
+    assert (pairs["max_token_len"], pairs["max_token_len_source"]) == (32768, "data")
+    assert_clean_failure(call("plan", str(path), "--max-token-len", "4096"), "over --max-token-len 4096")
+
+
+#: 29 lengths on which, over 4 ranks with at most 3 samples per micro-batch at cap 128,
+#: balance_batch leaves one rank a single sample where the others need 9 micro-batches: seqbal
+#: cannot plan the ranks it makes, while the schedule route (and contiguous chunks) can.
+ROUTE_CASE = [6, 128, 2, 4, 6, 2, 3, 6, 5, 3, 3, 6, 2, 3, 123, 3, 1, 2, 1, 4, 1, 1, 1, 2, 6, 102, 4, 3, 1]
+
+
+def test_a_comparison_route_that_cannot_plan_is_a_row_not_an_exit(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = Path("lengths.txt")
+    path.write_text("\n".join(map(str, ROUTE_CASE)) + "\n")
+    options = ("--route", "schedule", "--dp", "4", "--max-token-len", "128", "--max-samples-per-micro-batch", "3")
+    result = call("plan", str(path), *options)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(r"^  balance_batch\s+cannot plan \(1\)$", out, re.M), out
+    assert re.search(r"^  schedule\s+3\s+[\d.]+%\s+[\d.]+\s+\(shown above\)$", out, re.M), out
+    assert "(1) balance_batch: seqbal cannot plan the ranks it makes: Cannot satisfy max_token_len=128" in (
+        " ".join(out.split()))
+    assert not _too_wide(out)
+    report = plan_json(str(path), *options)
+    assert report["seqbal"]["micro_batches_per_rank"] == 3
+    assert report["routes"]["balance_batch"]["micro_batches_per_rank"] is None
+    assert "Cannot satisfy max_token_len=128" in report["routes"]["balance_batch"]["error"]
+    assert report["routes"]["schedule"]["error"] is None and report["routes"]["schedule"]["micro_batches_per_rank"] == 3
+    # the user's own route still fails loudly when it cannot plan
+    assert_clean_failure(call("plan", str(path), *options[2:]), "Cannot satisfy max_token_len=128")

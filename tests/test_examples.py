@@ -100,14 +100,29 @@ def test_ppo_actor_step_gradients_equal_the_full_batch_gradient(tmp_path, short)
                str(EXAMPLES / "ppo_actor_step.py"), "--dump", str(tmp_path)] + (["--short-rank"] if short else [])
     out = run(command, timeout=300).stdout
     assert "check: OK" in out
-    headers = re.findall(r"^rank (\d): (\d+) micro-batches, (\d+) dummies", out, flags=re.M)
+    cap = int(re.search(r"; cap (\d+) on samples x longest", out).group(1))
+    headers = re.findall(r"^rank (\d): (\d+) micro-batches \((\d+) dummies\), fill \d+%, workload max/mean [\d.]+$",
+                         out, flags=re.M)
     assert [h[0] for h in headers] == ["0", "1"] and headers[0][1] == headers[1][1]
     assert int(headers[0][2]) == 0 and (int(headers[1][2]) > 0) == short
-    rows = re.findall(r"^\s+\d+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+(real|dummy)$", out, flags=re.M)
+    for title in ("samples x longest", "share of the loss", "fill", "workload max/mean", "dummy", "verl <= 0.8"):
+        assert re.search(rf"^  {re.escape(title)}\s{{2,}}\S", out, flags=re.M), title  # the legend explains it
+    rows = re.findall(r"^\s+\d+\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)%\s+(real|dummy)$", out, flags=re.M)
     assert len(rows) == 2 * int(headers[0][1])
-    for samples, padded, cap, _tokens, share, kind in rows:
-        assert int(padded) <= int(cap)  # the padded forward holds samples x longest: the cap bounds it
-        assert kind == "real" or (samples == "1" and float(share) == 0.0)
+    for samples, padded, tokens, share, kind in rows:
+        assert int(padded) <= cap  # the padded forward holds samples x longest: the cap bounds it
+        # a dummy holds none of the batch's samples and carries none of the loss
+        assert kind == "real" and int(samples) > 0 or (samples == "0" and tokens == "0" and float(share) == 0.0)
+    # the share of the loss is a share: 100% over every rank's micro-batches (rows rounded to 0.1%)
+    assert abs(sum(float(row[3]) for row in rows) - 100.0) <= 0.05 * len(rows) + 1e-9
+    naive = re.findall(r"^  verl <= 0\.8 on this batch: (.*)$", out, flags=re.M)
+    assert len(naive) == 2
+    for line in naive:
+        found = re.fullmatch(rf"(\d+) micro-batches, largest (\d+) against the cap {cap} \((\d+|none) over it\)", line)
+        assert found or (short and line.startswith("fails, the ranks' count")), line
+        if found:
+            assert (found.group(3) == "none") == (int(found.group(2)) <= cap)
+    assert short or any("over it" in line and "none" not in line for line in naive)  # the cap it breaks
     before, after = map(float, re.search(r"loss (-?[\d.]+) -> (-?[\d.]+)", out).groups())
     assert after < before
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):

@@ -121,6 +121,8 @@ def test_mask_errors():
         loss_weights([TensorDict({"response_mask": torch.tensor([[1.0, 0.5]])}, [1])], [[0]])
     with pytest.raises(ValueError, match=r"must be a \[b, T\] tensor"):
         loss_weights([TensorDict({"response_mask": torch.ones(3)}, [3])], [[0, 1, 2]])
+    with pytest.raises(ValueError, match=r"must be a \[b, T\] tensor .*got shape \[2, 3, 4\]"):
+        loss_weights([TensorDict({"response_mask": torch.ones(2, 3, 4)}, [2])], [[0, 1]])
     with pytest.raises(ValueError, match="has 2 rows in response_mask but its index list holds 1"):
         loss_weights([TensorDict({"response_mask": torch.ones(2, 2)}, [2])], [[0]])
     with pytest.raises(ValueError, match="got 1 micro-batches but 2 index lists"):
@@ -271,6 +273,23 @@ def test_two_ranks_agree_on_a_missing_key(two_ranks):
     errors = [r["error/missing_key"]["error"] for r in two_ranks]
     assert "loss_mask_key='no_such_mask' is not in the micro-batch" in errors[1]
     assert "rank 1 of the data-parallel group failed" in errors[0]
+
+
+def test_two_ranks_agree_on_a_mask_that_is_not_batch_by_sequence(two_ranks):
+    """A [b, T, k] mask would count each token k times: rank 1's is an error on both ranks."""
+    errors = [r["error/three_d_mask"]["error"] for r in two_ranks]
+    assert errors[1] is not None and "must be a [b, T] tensor" in errors[1] and ", 2]" in errors[1]
+    assert errors[0] is not None and "rank 1 of the data-parallel group failed" in errors[0]
+
+
+def test_a_three_d_mask_would_have_counted_each_token_k_times():
+    """What the check prevents: summed over its last two dimensions, a [b, T, k] mask gives k
+    times the loss tokens of the [b, T] one, and token-mean weights k times too small."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    right = loss_weights([TensorDict({"response_mask": mask}, [2])], [[0, 1]], dtype=torch.float64)[0]
+    assert right.tolist() == [1 / 3, 1 / 3]
+    with pytest.raises(ValueError, match=r"got shape \[2, 3, 2\]"):
+        loss_weights([TensorDict({"response_mask": mask[..., None].expand(2, 3, 2)}, [2])], [[0, 1]])
 
 
 def test_two_ranks_agree_on_a_mask_that_is_not_zero_one(two_ranks):

@@ -42,7 +42,8 @@ def test_the_cap_is_the_calibrations_for_the_files_lengths(files):
     expected = Calibration(MODEL, BUDGET, margin=0.1, length_range=(64, 3000))
     assert code == 0, err
     assert out.startswith(f"memory: max_token_len {expected.max_token_len}: the worst micro-batch")
-    assert "(lengths 64..3000)" in out and f"settings: max_token_len={expected.max_token_len}" in out
+    flat = " ".join(out.split())  # the report wraps at 80 columns
+    assert "(lengths 64..3000)" in flat and f"settings: max_token_len={expected.max_token_len}" in flat
     code, out, _ = _run(["plan", lengths, "--memory-budget", str(BUDGET), "--calibration", calibration,
                          "--compare", "off", "--json"])
     report = json.loads(out)

@@ -11,9 +11,11 @@ figures.
 
 The package is split by concern, each module with its own reasoning:
 
-* ``seqbal/_length_input.py`` (outside the package, shared): reading the lengths.
+* :mod:`.lengths`: reading the lengths (files, standard input, the shipped sample).
 * :mod:`.ranks`: the simulated data-parallel ranks and their per-rank figures.
 * :mod:`.compare`: the comparison with verl (verl's own code, or a re-implementation).
+* :mod:`.verl_run`: running verl's own ``rearrange_micro_batches`` on simulated ranks.
+* :mod:`.kk_loop`: verl's loop re-implemented, for where verl is not installed.
 * :mod:`.report`: the report, as text or JSON.
 * :mod:`.plot`: the report's figure (``--plot``).
 * :mod:`.command`: the parser and :func:`main`, the ``seqbal`` console entry point.
@@ -21,7 +23,7 @@ The package is split by concern, each module with its own reasoning:
 
 from __future__ import annotations
 
-from .._length_input import DEFAULT_SAMPLE, read_lengths
+from .lengths import DEFAULT_SAMPLE, read_lengths
 from .command import ERROR_PREFIX, main
 from .compare import COMPARE_AUTO_MAX_KK_SETS, _OneTorchThread, kk_sets_per_pass
 from .plot import plot_figure

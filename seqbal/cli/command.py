@@ -2,7 +2,7 @@
 
 The CLI never shows a traceback and every bad input exits with code 2 and one line starting
 ``seqbal: error:``: argument values are range-checked by argparse, and reading
-(``_length_input.py``) names the file and line of unusable input and the lines of a sample or
+(:mod:`.lengths`) names the file and line of unusable input and the lines of a sample or
 group over the cap; the library's own errors are printed as they are.
 """
 
@@ -11,19 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from typing import Callable, Optional, Sequence
 
 from .. import __version__
-from .._length_input import InputError, MAX_INT64, read_lengths
+from .lengths import InputError, MAX_INT64, read_lengths
 from ..cost import CostModel
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress
 from .plot import _plot, _plot_path
 from .ranks import ROUTES
-from .report import build_report, format_report
+from .report import DEFAULT_MAX_TOKEN_LEN, DEFAULT_WIDTH, _wrap, build_report, format_report
 
 
-DEFAULT_MAX_TOKEN_LEN = 4096
 EXIT_USAGE = 2
 #: Every error line of the command starts with this, whichever part of it found the error.
 ERROR_PREFIX = "seqbal: error:"
@@ -79,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--field", metavar="NAME[+NAME]", help=".jsonl: key holding the length (or token list) in each object; "
                                       "a sum of keys with + (prompt_len+response_len)")
     plan.add_argument("--column", metavar="NAME[+NAME]", help=".parquet: column holding the lengths (or token lists); sums with +")
-    plan.add_argument("--max-token-len", metavar="N", type=positive, default=DEFAULT_MAX_TOKEN_LEN,
-                      help=f"hard cap on effective tokens per micro-batch (default {DEFAULT_MAX_TOKEN_LEN})")
+    plan.add_argument("--max-token-len", metavar="N", type=positive, default=None,
+                      help=f"hard cap on effective tokens per micro-batch (default {DEFAULT_MAX_TOKEN_LEN}, or where a "
+                           f"sample is longer the smallest power of two that holds every sample; the report says which)")
     plan.add_argument("--cost", choices=("tokens", "padded"), default="tokens",
                       help="what --max-token-len caps: tokens (effective tokens, for remove-padding forwards; the "
                            "default) or padded (samples x longest, for padded forwards)")
@@ -110,9 +111,22 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--calibration", metavar="FILE.json",
                       help="a calibration saved by seqbal.memory.calibrate(...).save(FILE.json)")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
+    plan.add_argument("--width", metavar="COLUMNS", type=_int_in(40, 1000), default=None,
+                      help=f"width of the text report (default {DEFAULT_WIDTH}, or the terminal's width where it is wider)")
     plan.add_argument("--plot", metavar="FILE.png", help="draw micro-batch token fill against the cap (needs matplotlib; "
                                                          ".png, .pdf or .svg; no extension means .png)")
     return parser
+
+
+def _report_width(asked: Optional[int]) -> int:
+    """``--width``, else the terminal's width where standard output is a terminal wider than
+    :data:`DEFAULT_WIDTH`, else :data:`DEFAULT_WIDTH` (pipes, files and logs get 80 columns)."""
+    if asked is not None:
+        return asked
+    isatty = getattr(sys.stdout, "isatty", None)
+    if isatty is not None and isatty():
+        return max(DEFAULT_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+    return DEFAULT_WIDTH
 
 
 def _memory_cap(args: argparse.Namespace) -> tuple[int, str]:
@@ -188,9 +202,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 row["workload_imbalance"] = round(row["workload_imbalance"], 6)
         text = json.dumps(report, indent=2)
     else:
-        text = format_report(report) + (f"\n\nplot written to {plot}" if plot else "")
+        width = _report_width(args.width)
+        text = format_report(report, width) + (f"\n\nplot written to {plot}" if plot else "")
         if memory_note:
-            text = f"memory: {memory_note}\n{text}"
+            text = "\n".join(_wrap(f"memory: {memory_note}", width)) + f"\n{text}"
     try:
         print(text)
         sys.stdout.flush()

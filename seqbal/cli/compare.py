@@ -1,8 +1,8 @@
 """The comparison with verl: verl's own code where verl is installed, else a re-implementation.
 
-The verl side is verl's own code where verl is installed (:mod:`seqbal._verl_run`: verl 0.9.1's
+The verl side is verl's own code where verl is installed (:mod:`seqbal.cli.verl_run`: verl 0.9.1's
 ``rearrange_micro_batches``, one thread per simulated rank, its all-reduces served in-process),
-else a re-implementation that does verl's work (:mod:`seqbal._kk_loop`); the report says which
+else a re-implementation that does verl's work (:mod:`seqbal.cli.kk_loop`); the report says which
 ran. A faster stand-in would make seqbal look slower than it is against the verl users run.
 
 verl's Karmarkar-Karp builds ``k`` set objects per sample per pass (``k`` the micro-batch
@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .._verl_run import VerlCode, load_verl, one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
+from .verl_run import VerlCode, load_verl, one_pass_0_8, reimplemented_strict_loop, verl_strict_loop
 from ..partition import ceildiv
 from .ranks import RankSplit, _rank_rows
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .._length_input import InputError
+from .lengths import InputError
 
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")

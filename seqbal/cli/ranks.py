@@ -5,7 +5,7 @@ and each rank's figures (:func:`_rank_rows`, against :func:`packing_bound`).
 chunks, or seqbal's global ``build_dp_schedule``. The simulation of the ranks' decision is the
 public :func:`~seqbal.plan_data_parallel`: the library's own agreement protocol with the
 all-reduces replaced by a max/min over the simulated ranks. The lengths themselves are read
-(and their errors named by file and line) in ``seqbal/_length_input.py``.
+(and their errors named by file and line) in :mod:`.lengths`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .._length_input import InputError, Lengths
+from .lengths import InputError, Lengths
 from ..cost import CostModel, padded_min_count
 from ..metrics import micro_batch_summary
 from ..partition import ceildiv, packing_lower_bound
@@ -74,7 +74,8 @@ def split_over_ranks(
         raise InputError(f"--group-size {group_size} does not divide the number of samples {n}")
     groups = n // group_size
     if groups < dp:
-        raise InputError(f"cannot split {groups} group(s) of {group_size} sample(s) over --dp {dp} ranks")
+        raise InputError(f"cannot split {groups} group(s) of {group_size} sample(s) over --dp {dp} ranks: every rank "
+                         f"needs at least one group, so --dp can be at most {groups} here")
     order = _shuffled_groups(n, group_size, seed)
     ordered = lengths[order]
     if route == "contiguous":

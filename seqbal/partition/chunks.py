@@ -2,7 +2,7 @@
 
 One thorough count search costs a few packing passes plus repairs whose length grows with the
 gap it bisects, which grows with ``n``: from 65,536 to 10^6 items the cost per item of one
-search grew 1.5x to 3x (issue 29). A chunk of a few tens of thousands of items is where the
+search grew 1.5x to 3x (docs/benchmarks.md, dataset scale). A chunk of a few tens of thousands of items is where the
 search is cheapest per item and its count is already within a fraction of a percent of the
 bound, so large inputs are cut into chunks of at most :data:`CHUNK_ITEMS` items, each searched
 and balanced on its own, and the parts put side by side: the cost per item is then flat in
@@ -36,7 +36,7 @@ from .parts import _descending, ceildiv
 #: against the cost per item, which grows with a search's width): inputs of more items are cut
 #: into ``ceildiv(n, CHUNK_ITEMS)`` chunks of equal size (within one item), from three chunks on. Above the plan
 #: hashes' largest case (16,384); with three chunks at least (:func:`chunk_count`), 65,536 items,
-#: where issue 29 measures from, are still one search. On real_gsm8k at cap 4096, 10^6
+#: where the dataset-scale benchmark measures from, are still one search. On real_gsm8k at cap 4096, 10^6
 #: samples, chunks of 65,536 needed 45,760 micro-batches, of 32,768 45,756 (one search: 45,756);
 #: on real_qwen_rollouts 117,389 and 117,333 (one search: 117,419).
 CHUNK_ITEMS = 32768

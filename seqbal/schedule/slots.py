@@ -38,7 +38,7 @@ SLOT_CLOSE_ENOUGH = 1.00001
 #: ... or once that excess (heaviest minus mean) is at most this fraction of the step, the sum
 #: of every slot's heaviest micro-batch; 0 turns it off, as shipped. Relative to the step, not
 #: the slot: a slot left there costs the step at most this fraction over its even split.
-#: ``benchmarks.schedule_tradeoff`` measures what it would save and cost (issue 29, point 3).
+#: ``benchmarks.schedule_tradeoff`` measures what it would save and cost (docs/benchmarks_method.md, the schedule's 12-pass target).
 SLOT_MIN_EXCESS = 0.0
 #: Micro-batches of other slots a slot's heaviest one may trade with in one step, the ones with
 #: the most room below their own slot's maximum: past the few roomiest a trade rarely fits. On
