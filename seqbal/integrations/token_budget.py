@@ -113,16 +113,26 @@ class _Items:
         return len(self.costs)
 
 
-def _bins_to_samples(bins: np.ndarray, grid_row: np.ndarray, group_size: int) -> list[list[int]]:
-    """The ascending sample indices of each bin of ``grid_row``, in that order. O(n log n)."""
+def _bin_of_item(bins: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """The bin of every item, from the bins' item lists (a partition of ``range(n)``). O(n)."""
+    result = np.empty(n, dtype=np.int64)
+    result[np.fromiter((i for b in bins for i in b), dtype=np.int64, count=n)] = np.repeat(
+        np.arange(len(bins)), [len(b) for b in bins])
+    return result
+
+
+def _bins_to_samples(bins: np.ndarray, grid_rows: Sequence[np.ndarray], group_size: int) -> list[list[list[int]]]:
+    """For each row of bin ids, the ascending sample indices of each of its bins, in that
+    order. O(n log n), one sort whatever the number of rows."""
     order = np.argsort(bins, kind="stable")  # items by bin, ascending within a bin
-    starts = np.searchsorted(bins[order], grid_row, side="left")
-    ends = np.searchsorted(bins[order], grid_row, side="right")
+    sorted_bins = bins[order]
     offsets = np.arange(group_size)
-    return [
-        (order[a:b, None] * group_size + offsets).reshape(-1).tolist()
-        for a, b in zip(starts.tolist(), ends.tolist())
-    ]
+    result = []
+    for row in grid_rows:
+        starts = np.searchsorted(sorted_bins, row, side="left").tolist()
+        ends = np.searchsorted(sorted_bins, row, side="right").tolist()
+        result.append([(order[a:b, None] * group_size + offsets).reshape(-1).tolist() for a, b in zip(starts, ends)])
+    return result
 
 
 class TokenBudgetBatchSampler:
@@ -284,22 +294,26 @@ class TokenBudgetBatchSampler:
             from ..partition.packing import split_bins_to_count
 
             packing = split_bins_to_count(packing, items.additive, count) if count > len(packing) else packing
-            self._tight_bins = np.empty(len(items), dtype=np.int64)
-            for b, members in enumerate(packing):
-                self._tight_bins[members] = b
+            self._tight_bins = _bin_of_item(packing, len(items))
             self.count = count
         self.mix = "fixed"
         if items.additive is None:
             return  # the padded cost: a fresh mix of lengths would multiply the padding
-        candidates = [self.count]
+        # The deal mixes best and is the cheapest draw: at the tight count, else up to 1% above
+        # it; then the noisy best fits at the tight count. The first that fits fixes the count,
+        # and later epochs try its kind of draw first.
+        tries = [(self.count, 0)]
         slack = int(self.count * (1 + FRESH_COUNT_SLACK)) // unit * unit
         if slack > self.count and slack <= len(items):
-            candidates.append(slack)
-        for count in candidates:
-            if any(self._draw(count, 0, attempt) is not None for attempt in range(len(DRAWS))):
+            tries.append((slack, 0))
+        tries += [(self.count, attempt) for attempt, (kind, _) in enumerate(DRAWS) if kind != "deal"]
+        for count, attempt in tries:
+            bins = self._draw(count, 0, attempt)
+            if bins is not None:
                 if count > self.count:  # the tight plan is split up to the fresh count
                     self._grow_tight(count)
-                self.count, self.mix = count, "fresh"
+                self.count, self.mix, self._first_draw = count, "fresh", attempt
+                self._epoch0 = bins
                 return
 
     def _tight_from_schedule(self) -> None:
@@ -330,9 +344,10 @@ class TokenBudgetBatchSampler:
     def _grow_tight(self, count: int) -> None:
         from ..partition.packing import split_bins_to_count
 
-        bins = [list(np.flatnonzero(self._tight_bins == b)) for b in range(self.count)]
-        for b, members in enumerate(split_bins_to_count(bins, self._items.additive, count)):
-            self._tight_bins[members] = b
+        order = np.argsort(self._tight_bins, kind="stable")
+        bins = np.split(order, np.cumsum(np.bincount(self._tight_bins, minlength=self.count))[:-1])
+        grown = split_bins_to_count([b.tolist() for b in bins], self._items.additive, count)
+        self._tight_bins = _bin_of_item(grown, len(self._items))
 
     def _draw(self, count: int, epoch: int, attempt: int) -> Optional[np.ndarray]:
         rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, attempt])
@@ -355,10 +370,14 @@ class TokenBudgetBatchSampler:
     def _epoch_bins(self, epoch: int) -> tuple[np.ndarray, Optional[str]]:
         """Every item's bin for ``epoch``, and the draw that made it (None: the tight plan)."""
         if self.mix == "fresh":
-            for attempt, (kind, _) in enumerate(DRAWS):
-                bins = self._draw(self.count, epoch if self.shuffle else 0, attempt)
+            epoch = epoch if self.shuffle else 0
+            if epoch == 0:
+                return self._epoch0, DRAWS[self._first_draw][0]
+            first = self._first_draw
+            for attempt in [first] + [a for a in range(len(DRAWS)) if a != first]:
+                bins = self._draw(self.count, epoch, attempt)
                 if bins is not None:
-                    return bins, kind
+                    return bins, DRAWS[attempt][0]
         return self._tight_bins, None
 
     def epoch_source(self, epoch: int) -> str:
@@ -393,7 +412,7 @@ class TokenBudgetBatchSampler:
         if not fresh and rng is not None:
             bins = self._relabel(bins, rng)
         grid = self._grid(bins, rng, fresh)
-        return [_bins_to_samples(bins, grid[r], self.force_group_size) for r in ranks]
+        return _bins_to_samples(bins, [grid[r] for r in ranks], self.force_group_size)
 
     def epoch_plan(self, epoch: Optional[int] = None) -> list[list[list[int]]]:
         """Every rank's micro-batches for ``epoch`` (default the current one): ``[rank][slot]``,
@@ -474,8 +493,6 @@ def pack_rows(
         )
     if count > len(rows):
         rows = split_bins_to_count(rows, items.additive, count)
-    bins = np.empty(len(array), dtype=np.int64)
-    for b, members in enumerate(rows):
-        bins[members] = b
+    bins = _bin_of_item(rows, len(array))
     grid = deal_slots(np.bincount(bins, weights=items.additive, minlength=count), num_replicas, None)
-    return [_bins_to_samples(bins, grid[r], 1) for r in range(num_replicas)]
+    return _bins_to_samples(bins, list(grid), 1)

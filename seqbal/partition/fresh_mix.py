@@ -205,22 +205,21 @@ def noisy_best_fit_bins(
     item_limit = n if max_items is None else int(max_items)
     keys = costs * (1.0 + noise * rng.random(n))
     order = np.lexsort((np.arange(n), -keys))
-    index = _SortedPairs([])  # (room, bin) of the open bins
+    index = _SortedPairs([])  # room * num_bins + bin of the open bins (ints compare faster than pairs)
     members: list[list[int]] = []
-    for item in order.tolist():
-        size = int(costs[item])
-        pair = index.first_at_least((size, -1))
-        if pair is None:
+    for item, size in zip(order.tolist(), costs[order].tolist()):
+        key = index.first_at_least(size * num_bins)
+        if key is None:
             if len(members) == num_bins:
                 return None
             room, target = capacity, len(members)
             members.append([])
         else:
-            index.remove(pair)
-            room, target = pair
+            index.remove(key)
+            room, target = divmod(key, num_bins)
         members[target].append(item)
         if len(members[target]) < item_limit:
-            index.add((room - size, target))
+            index.add((room - size) * num_bins + target)
     if len(members) < num_bins:
         members = split_bins_to_count(members, costs, num_bins)
     assigned = np.empty(n, dtype=np.int64)
