@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 import time
+from importlib import resources
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -33,7 +34,8 @@ if __package__ in (None, ""):
 
 from benchmarks import workloads  # noqa: E402
 
-SHIPPED = Path(__file__).resolve().parent.parent / "seqbal" / "data" / "qwen25math_cot_rollouts.txt"
+#: The rollouts shipped in the installed package (CI's wheel environment has no source tree).
+SHIPPED = Path(str(resources.files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"))
 #: Budgets of the CPU run: the bytes a step adds (the CPU meter is relative), chosen so that
 #: micro-batches of a few thousand tokens fit and a run takes minutes on two cores.
 CPU_BUDGETS_MIB = {"eager": 512, "sdpa": 256}
