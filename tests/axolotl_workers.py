@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 VOCAB = 48
+#: letters only (a word with digits can be split by tokenizer settings): pad, BOS, EOS, UNK, then 44 words
+WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [a + b for a in "bcdfghjklmn" for b in "aeiou"][:44]
 SEQUENCE_LEN = 64
 MICRO = 2
 CAP = SEQUENCE_LEN * MICRO
@@ -49,10 +51,10 @@ def make_assets(folder: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3"))
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(WORDS)}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", bos_token="t1", eos_token="t2",
-                            unk_token="t3").save_pretrained(folder / "model")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder / "model")
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512, use_cache=False,
@@ -62,7 +64,7 @@ def make_assets(folder: Path) -> None:
     with open(folder / "text.jsonl", "w") as text, open(folder / "segments.jsonl", "w") as segments:
         for _ in range(ROWS):
             length, start = rng.randint(4, 40), rng.randint(4, VOCAB - 1)
-            words = [f"t{4 + (start + k) % (VOCAB - 4)}" for k in range(length)]
+            words = [WORDS[4 + (start + k) % (VOCAB - 4)] for k in range(length)]
             text.write(json.dumps({"text": " ".join(words)}) + "\n")
             segments.write(json.dumps({"segments": [{"label": False, "text": words[0]},
                                                     {"label": True, "text": " " + " ".join(words[1:])}]}) + "\n")
@@ -72,7 +74,7 @@ def config(mode: str, folder: Path) -> dict[str, Any]:
     """The axolotl YAML config of ``mode`` (see the module docstring), as a dict."""
     seqbal = ["seqbal.integrations.axolotl.SeqbalPlugin"] if mode != "off" else []
     cfg: dict[str, Any] = {
-        "base_model": str(folder / "model"), "tokenizer_type": "PreTrainedTokenizerFast",
+        "base_model": str(folder / "model"),
         "datasets": [{"path": str(folder / "text.jsonl"), "ds_type": "json", "type": "completion"}],
         "dataset_prepared_path": str(folder / f"prepared-{mode}"), "output_dir": str(folder / f"out-{mode}"),
         "val_set_size": 0, "sequence_len": SEQUENCE_LEN, "sample_packing": True, "micro_batch_size": MICRO,
@@ -95,7 +97,7 @@ def _record_forward(record: dict) -> Any:
         ids = kwargs["input_ids"]
         record["forwards"].append(int((ids != 0).sum()))  # pad is token 0; the data never use it
         positions = kwargs.get("position_ids")
-        record["sequences"].append(int((positions == 0).sum()) if positions is not None else int(ids.shape[0]))
+        record["sequences"].append(int(((positions == 0) & (ids != 0)).sum()) if positions is not None else int(ids.shape[0]))
     return hook
 
 
@@ -168,15 +170,41 @@ def __getattr__(name: str) -> Any:  # axolotl is imported only when axolotl look
     raise AttributeError(name)
 
 
+def _place_ranks_on_the_cpu() -> None:
+    """The one CUDA hard-code on this path: axolotl 0.19.0's ``normalize_config`` sets
+    ``device_map = {"": LOCAL_RANK}`` whenever ``world_size != 1`` (an accelerator index, which
+    transformers refuses without one). Without CUDA, map the model to the CPU instead; nothing
+    else of axolotl's is changed."""
+    import torch
+    import axolotl.cli.config as cli_config
+
+    if torch.cuda.is_available():
+        return
+    normalize = cli_config.normalize_config
+
+    def normalize_on_cpu(cfg: Any) -> Any:
+        result = normalize(cfg)
+        if cfg.world_size != 1:
+            cfg.device_map = {"": "cpu"}
+        return result
+
+    cli_config.normalize_config = normalize_on_cpu
+
+
 def main() -> None:
     config_path, out, mode = sys.argv[1:4]
     os.environ.update(SEQBAL_AXOLOTL_OUT=out, SEQBAL_AXOLOTL_MODE=mode)
+    # accelerate's own switch for DDP over gloo on the CPU (transformers' use_cpu, which axolotl's
+    # config does not expose)
+    os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     sys.argv = sys.argv[:1]  # axolotl's CLI parses the rest of argv for its own flags
     rank = int(os.environ.get("RANK", 0))
     import torch
 
     torch.set_num_threads(1)
     from axolotl.cli.train import do_cli
+
+    _place_ranks_on_the_cpu()
 
     record: dict = {"rank": rank, "world": int(os.environ.get("WORLD_SIZE", 1))}
     try:
