@@ -14,8 +14,8 @@ Modes (:func:`config`):
   ``sample_packing_bin_size`` 4, 2 epochs, AdamW; records forwards, losses, steps.
 - ``off``: the same config without seqbal's plug-in (axolotl's own ``MultipackBatchSampler``).
 - ``exact``: seqbal's plug-in, one SGD step (lr 1, no clipping, no decay), the model in float64,
-  every sample's first token unlabelled, ``sample_packing_drop_attention_mask`` (packed sequences
-  from ``position_ids``); the per-token loss in float64 through ``compute_loss_func``, which the
+  every sample's first token unlabelled, the collator's attention mask dropped before the forward
+  (:func:`_packed_by_positions`: packed sequences from ``position_ids``); the per-token loss in float64 through ``compute_loss_func``, which the
   trainer hands ``num_items_in_batch``; records the update, the step's plan and the rows.
 - ``overcap``: ``seqbal_max_token_len`` 32 under samples of up to 40 tokens; records the error.
 """
@@ -86,7 +86,7 @@ def config(mode: str, folder: Path) -> dict[str, Any]:
     if mode == "exact":
         cfg.update(datasets=[{"path": str(folder / "segments.jsonl"), "ds_type": "json", "type": "input_output"}],
                    optimizer="sgd", learning_rate=1.0, max_grad_norm=0.0, weight_decay=0.0, warmup_steps=0,
-                   max_steps=1, sample_packing_drop_attention_mask=True)
+                   max_steps=1)
     if mode == "overcap":
         cfg["seqbal_max_token_len"] = OVERCAP_CAP
     return cfg
@@ -95,10 +95,20 @@ def config(mode: str, folder: Path) -> dict[str, Any]:
 def _record_forward(record: dict) -> Any:
     def hook(module: Any, args: Any, kwargs: dict) -> None:
         ids = kwargs["input_ids"]
+        record.setdefault("forward_keys", sorted(k for k, v in kwargs.items() if v is not None))
         record["forwards"].append(int((ids != 0).sum()))  # pad is token 0; the data never use it
         positions = kwargs.get("position_ids")
         record["sequences"].append(int(((positions == 0) & (ids != 0)).sum()) if positions is not None else int(ids.shape[0]))
     return hook
+
+
+def _packed_by_positions(module: Any, args: Any, kwargs: dict) -> Any:
+    """Drop the collator's attention mask so that transformers masks the packed row per sample,
+    from ``position_ids`` (on a GPU, axolotl's flash attention does the same from its sample-id
+    mask; on the CPU, sdpa reads that mask as plain padding and lets packed samples attend to one
+    another, which no per-sample reference reproduces)."""
+    kwargs.pop("attention_mask", None)
+    return args, kwargs
 
 
 def _summed_token_loss(outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:
@@ -126,6 +136,8 @@ def _plugin_class() -> type:
                 model.to(torch.float64)
             self.record.update(forwards=[], sequences=[])
             model.register_forward_pre_hook(_record_forward(self.record), with_kwargs=True)
+            if os.environ["SEQBAL_AXOLOTL_MODE"] == "exact":
+                model.register_forward_pre_hook(_packed_by_positions, with_kwargs=True)
 
         def post_trainer_create(self, cfg: Any, trainer: Any) -> None:
             record = self.record
