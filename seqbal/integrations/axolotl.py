@@ -89,11 +89,11 @@ class _GlobalStream(TokenBudgetBatchSampler):
 
     def __len__(self) -> int:
         """Rows over all ranks per epoch: ``num_replicas x`` the per-rank count. O(1)."""
-        return self.num_replicas * self.schedule.num_micro_batches
+        return self.num_replicas * super().__len__()
 
     def __iter__(self) -> Iterator[list[list[int]]]:
         plan = self.epoch_plan()
-        for slot in range(self.schedule.num_micro_batches):
+        for slot in range(len(plan[0])):
             for rank_rows in plan:
                 yield [rank_rows[slot]]
 
