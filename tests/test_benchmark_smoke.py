@@ -260,3 +260,24 @@ def test_sft_epochs_benchmark_smoke():
     assert table.count("| seqbal |") >= 1 and table.count("| plan once |") == table.count("| seqbal |")
     scale = sft_epochs.scale_table(5_000, [2], [8192], 1, "lognormal").splitlines()
     assert len(scale) == 3 and "| fresh |" in scale[2]
+
+
+def test_axolotl_benchmark_smoke(monkeypatch):
+    """benchmarks.axolotl on a slice of the shipped lengths, 2 ranks: axolotl's own sampler (its
+    own code) and seqbal's both run; seqbal trains every sample, under the cap, with equal counts."""
+    import importlib.util
+
+    if importlib.util.find_spec("axolotl") is None:
+        pytest.skip("needs axolotl (its own CI environment)")
+    from benchmarks import axolotl as bench
+
+    import numpy as np
+    from importlib.resources import files
+
+    monkeypatch.setattr(bench, "REPEATS", 1)
+    lengths = np.loadtxt(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt", dtype=np.int64)[:300]
+    theirs = bench.measure("shipped", lengths, 2, "axolotl", bench.axolotl_plan)
+    ours = bench.measure("shipped", lengths, 2, "seqbal", bench.seqbal_plan)
+    assert ours["max_tokens"] <= bench.CAP and "/" not in ours["per_rank"] and ours["samples"] == ours["of"] == 300
+    assert int(ours["per_rank"]) % bench.GA == 0 and ours["imbalance_max"] >= 1
+    assert theirs["max_tokens"] <= bench.CAP and 0 <= theirs["loss_micro"][0] <= 1 and theirs["loss_micro"][1] >= 1

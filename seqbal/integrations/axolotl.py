@@ -1,0 +1,253 @@
+"""Make axolotl's sample packing pack under a hard token cap: an axolotl plug-in, named in the
+YAML config as ``plugins: [seqbal.integrations.axolotl.SeqbalPlugin]``.
+
+axolotl 0.19.0 packs with ``MultipackBatchSampler``: first-fit over a shuffled order into bins of
+``micro_batch_size x sequence_len`` tokens and at most ``sample_packing_bin_size`` samples, the
+*global* list of bins dealt round-robin to the ranks by accelerate (``even_batches=False``), the
+count agreed by gathering every rank's estimate and truncating to the minimum. The plug-in binds,
+on the one trainer axolotl builds (``post_trainer_create``; no class or module is patched, so
+there is no ``install``/``uninstall``: a config without the plug-in is axolotl's own behaviour,
+and :func:`disable` unbinds it from a trainer),
+a ``_get_train_sampler`` that returns :class:`AxolotlTokenBudgetBatchSampler`:
+:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` planned once over the
+dataset's global lengths (every packed row within the cap and the bin size, the same count on
+every rank, a multiple of ``gradient_accumulation_steps``, slot ``i`` balanced across ranks),
+yielded as the same global stream axolotl's own sampler yields: slot by slot, rank 0's row,
+rank 1's row, ..., so accelerate's round-robin deal hands each rank exactly its own rows. Every
+rank computes the same plan from the same lengths, so no collective decides the count.
+
+Why bind per trainer and not patch ``AxolotlTrainer``: axolotl calls plug-ins at
+``post_trainer_create`` on every rank before ``trainer.train()``, and other trainer classes
+(plug-ins' own, ``trainer_cls``) inherit ``_get_train_sampler`` from it or not; binding on the
+instance reaches whichever class was built and nothing else.
+
+The loss: axolotl's builder sets ``average_tokens_across_devices=False`` and, for models whose
+inner ``forward`` does not name ``num_items_in_batch`` (Llama's, Qwen's, ...), turns
+``model_accepts_loss_kwargs`` off, so every micro-batch's loss is its own token mean divided by
+``gradient_accumulation_steps``: a token in a short row weighs more than one in a full row. With
+``seqbal_token_mean_loss`` (default on) the plug-in turns both back on for this trainer: the
+micro-batch's summed loss is divided by the step's label tokens over all micro-batches and
+ranks, so the accumulated, rank-averaged gradient is exactly that of the step's global
+token-mean loss (tested gradient-exact in float64 through axolotl's trainer).
+
+axolotl is imported only when the plug-in's class is looked up (axolotl does that when it
+reads the config); importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import types
+import weakref
+from typing import Any, Iterator, Optional
+
+from .token_budget import TokenBudgetBatchSampler
+from .trl import _FollowsTrainerEpoch
+
+__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable"]
+
+#: How the plug-in is named in axolotl's YAML ``plugins:`` list.
+PLUGIN = "seqbal.integrations.axolotl.SeqbalPlugin"
+#: The axolotl stack the plug-in is tested with.
+TESTED = "axolotl 0.19.0, transformers 5.16.1, accelerate 1.13.0"
+
+_classes: dict[str, type] = {}
+
+
+def micro_batch_cap(cfg: Any) -> int:
+    """The token cap of every packed micro-batch: ``seqbal_max_token_len`` when set, else axolotl's
+    own bin capacity ``micro_batch_size x sequence_len``. O(1).
+
+    Raises:
+        ValueError: the cap, ``micro_batch_size`` or ``sequence_len`` not a positive int.
+    """
+    cap = _get(cfg, "seqbal_max_token_len")
+    if cap is None:
+        micro, seq = _get(cfg, "micro_batch_size"), _get(cfg, "sequence_len")
+        for name, value in (("micro_batch_size", micro), ("sequence_len", seq)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"seqbal's axolotl plug-in needs {name} to be a positive int, got {value!r}")
+        cap = micro * seq
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"seqbal_max_token_len must be a positive int, got {cap!r}")
+    return cap
+
+
+def _get(cfg: Any, name: str) -> Any:
+    return cfg.get(name) if hasattr(cfg, "get") else getattr(cfg, name, None)
+
+
+class _GlobalStream(TokenBudgetBatchSampler):
+    """The plan as the stream of packed rows axolotl's trainer expects from its batch sampler:
+    every item is ``[row]`` (a list of one bin, the nesting axolotl's fetcher and collator read),
+    slot by slot and, within a slot, rank by rank. accelerate's ``BatchSamplerShard`` keeps item
+    ``j`` on rank ``j % num_replicas``, which is exactly the rank's own slot ``j // num_replicas``."""
+
+    batch_size = 1  # one packed row per micro-batch (what accelerate's shard wrapper reads)
+    drop_last = False
+
+    def __len__(self) -> int:
+        """Rows over all ranks per epoch: ``num_replicas x`` the per-rank count. O(1)."""
+        return self.num_replicas * super().__len__()
+
+    def __iter__(self) -> Iterator[list[list[int]]]:
+        plan = self.epoch_plan()
+        for slot in range(len(plan[0])):
+            for rank_rows in plan:
+                yield [rank_rows[slot]]
+
+
+def _sampler_class() -> type:
+    """:class:`_GlobalStream` that follows the trainer's epoch and is a torch ``BatchSampler``
+    (axolotl hands a ``BatchSampler`` to the ``DataLoader`` as its batch sampler). Made once."""
+    if "sampler" not in _classes:
+        from torch.utils.data import BatchSampler
+
+        _classes["sampler"] = type("AxolotlTokenBudgetBatchSampler", (_FollowsTrainerEpoch, _GlobalStream, BatchSampler), {})
+    return _classes["sampler"]
+
+
+def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
+    """``AxolotlTrainer._get_train_sampler`` with seqbal's token-budget sampler when sample packing
+    is on; axolotl's own method otherwise."""
+    original = self._seqbal_original_get_train_sampler
+    args = self.args
+    dataset = self.train_dataset if train_dataset is None else train_dataset
+    if not getattr(args, "sample_packing", False) or getattr(args, "pretraining", False) or dataset is None \
+            or not hasattr(dataset, "__len__"):
+        return original(train_dataset)
+    from axolotl.utils.samplers import get_dataset_lengths
+
+    settings = self._seqbal_settings
+    world = max(1, args.world_size)
+    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
+    sampler = _sampler_class()(
+        get_dataset_lengths(dataset),
+        settings["max_token_len"],
+        num_replicas=world,
+        rank=args.process_index if world > 1 else 0,
+        seed=seed,
+        shuffle=not getattr(args, "curriculum_sampling", False),
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        max_samples_per_micro_batch=settings["max_samples_per_micro_batch"],
+    )
+    sampler._trainer = weakref.ref(self)
+    return sampler
+
+
+def _forward_takes_loss_kwargs(model: Any) -> bool:
+    """Whether a model's ``forward`` passes ``num_items_in_batch`` on to its loss: it names it or
+    takes ``**kwargs`` (transformers' own test). O(1)."""
+    base = getattr(model, "module", model)  # DDP
+    base = getattr(base, "get_base_model", lambda: base)()  # PEFT
+    if hasattr(base, "accepts_loss_kwargs"):
+        return bool(base.accepts_loss_kwargs)
+    parameters = inspect.signature(base.forward).parameters.values()
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD or p.name == "num_items_in_batch" for p in parameters)
+
+
+def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
+    """Put seqbal in charge of ``trainer``'s packed training dataloader and loss normalisation
+    (what the plug-in does at ``post_trainer_create``; for code that builds the trainer itself
+    with axolotl's ``HFCausalTrainerBuilder``). Does nothing when ``cfg.sample_packing`` is off or
+    the run streams a pretraining dataset. O(1): the plan is made when the dataloader is.
+
+    Settings read from ``cfg``: ``seqbal_max_token_len`` (default ``micro_batch_size x
+    sequence_len``), ``sample_packing_bin_size`` (samples per packed row, axolotl's default 200),
+    ``seqbal_token_mean_loss`` (default True), ``max_steps`` (kept when set; otherwise the
+    trainer's ``max_steps`` is reset to -1, so the step count is the sampler's exact one instead
+    of axolotl's estimate from its own packing).
+
+    Returns:
+        the settings applied (empty when nothing was done).
+
+    Raises:
+        ValueError: an invalid cap; ``multipack_real_batches`` (several rows per micro-batch is
+            axolotl's own mode, not planned here); ``seqbal_token_mean_loss`` with a model whose
+            ``forward`` cannot take ``num_items_in_batch`` and no ``compute_loss_func``.
+    """
+    if not _get(cfg, "sample_packing") or _get(cfg, "pretraining_dataset"):
+        return {}
+    if _get(cfg, "multipack_real_batches"):
+        raise ValueError("seqbal's axolotl plug-in plans one packed row per micro-batch; multipack_real_batches=True "
+                         "asks for micro_batch_size rows of sequence_len tokens: turn it off (or the plug-in)")
+    bin_size = _get(cfg, "sample_packing_bin_size")
+    settings = {"max_token_len": micro_batch_cap(cfg),
+                "max_samples_per_micro_batch": None if bin_size is None else int(bin_size)}
+    token_mean = _get(cfg, "seqbal_token_mean_loss")
+    settings["token_mean_loss"] = True if token_mean is None else bool(token_mean)
+    if settings["token_mean_loss"]:
+        if trainer.compute_loss_func is None and not _forward_takes_loss_kwargs(trainer.model):
+            raise ValueError(
+                f"seqbal_token_mean_loss needs the model's forward to take num_items_in_batch (or **kwargs) for its "
+                f"loss; {type(trainer.model).__name__}.forward does not. Set seqbal_token_mean_loss: false to keep "
+                "axolotl's per-micro-batch normalisation"
+            )
+        trainer.model_accepts_loss_kwargs = trainer.compute_loss_func is None or trainer.model_accepts_loss_kwargs
+        trainer.args.average_tokens_across_devices = True
+    if _get(cfg, "max_steps") is None:
+        trainer.args.max_steps = -1
+    if "_seqbal_original_get_train_sampler" not in vars(trainer):
+        trainer._seqbal_original_get_train_sampler = trainer._get_train_sampler
+    trainer._seqbal_settings = settings
+    trainer._get_train_sampler = types.MethodType(_get_train_sampler, trainer)
+    return settings
+
+
+def disable(trainer: Any) -> bool:
+    """Give ``trainer`` its own ``_get_train_sampler`` back (the loss settings stay as they are).
+    Returns whether seqbal was bound. O(1)."""
+    if "_seqbal_original_get_train_sampler" not in vars(trainer):
+        return False
+    del trainer._get_train_sampler, trainer._seqbal_original_get_train_sampler, trainer._seqbal_settings
+    return True
+
+
+def _input_args_class() -> type:
+    """The plug-in's config keys, a pydantic model axolotl merges into its config schema."""
+    if "args" not in _classes:
+        from pydantic import BaseModel, Field
+
+        class SeqbalArgs(BaseModel):
+            """seqbal's settings in axolotl's YAML config."""
+
+            seqbal_max_token_len: Optional[int] = Field(
+                default=None, description="Hard cap on the tokens of every packed micro-batch (one row); default "
+                "micro_batch_size x sequence_len.")
+            seqbal_token_mean_loss: Optional[bool] = Field(
+                default=None, description="Normalise the loss by the step's label tokens over all micro-batches and "
+                "ranks (the step's global token mean); default true.")
+
+        SeqbalArgs.__module__ = __name__
+        _classes["args"] = SeqbalArgs
+    return _classes["args"]
+
+
+def _plugin_class() -> type:
+    """The ``BasePlugin`` subclass axolotl loads from ``plugins:``. Made once, on first lookup."""
+    if "plugin" not in _classes:
+        base = importlib.import_module("axolotl.integrations.base").BasePlugin
+
+        class SeqbalPlugin(base):
+            """Pack axolotl's training micro-batches with seqbal's token-budget sampler (see
+            :mod:`seqbal.integrations.axolotl`)."""
+
+            def get_input_args(self) -> str:
+                return f"{__name__}.SeqbalArgs"
+
+            def post_trainer_create(self, cfg: Any, trainer: Any) -> None:
+                enable(trainer, cfg)
+
+        SeqbalPlugin.__module__ = __name__
+        _classes["plugin"] = SeqbalPlugin
+    return _classes["plugin"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SeqbalPlugin":
+        return _plugin_class()
+    if name == "SeqbalArgs":
+        return _input_args_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
