@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["digest", "should_check", "check_same_inputs"]
+__all__ = ["digest", "should_check", "check_same_inputs", "agree_or_raise"]
 
 _MASK = (1 << 63) - 1
 
@@ -128,3 +128,23 @@ def check_same_inputs(
             f"the same list: build it from one preprocessed copy (a dataset cache shared by the ranks, or "
             f"preprocessing on one rank first), not from each rank's own tokenization or filtering"
         )
+
+
+def agree_or_raise(
+    settings: Sequence[tuple[str, Optional[int]]],
+    lengths: Optional[np.ndarray],
+    local_error: Optional[BaseException],
+    num_replicas: Any,
+    process_group: Any,
+    *,
+    who: str,
+) -> None:
+    """What a planner calls once its local checks ran: :func:`check_same_inputs` where
+    :func:`should_check` says the ranks share the plan, else raise ``local_error`` if there is
+    one. A ``num_replicas`` that was itself invalid counts as shared, so that the rank that
+    passed it still joins the collective its peers are in."""
+    valid = isinstance(num_replicas, (int, np.integer)) and not isinstance(num_replicas, bool) and num_replicas > 0
+    if should_check(int(num_replicas) if valid else 2, process_group):
+        check_same_inputs(settings, lengths, local_error, process_group, who=who)
+    elif local_error is not None:
+        raise local_error

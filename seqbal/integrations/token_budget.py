@@ -33,8 +33,10 @@ import numpy as np
 
 from ..cost import CostModel, as_cost_model
 from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins
+from ..partition.parts import _assignment_from_groups, _groups_from_assignment
+from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array
-from .same_inputs import check_same_inputs, digest, should_check
+from .same_inputs import agree_or_raise, digest
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 
@@ -82,23 +84,17 @@ class _Items:
         measured = cost.rounded(lengths) if cost.padded else cost.sample_costs(lengths)
         under = "" if cost.is_default else f" under the {cost}"
         capacity = cost.sample_capacity(cap)
-        over = np.flatnonzero(measured > capacity)
-        if over.size:
-            first = int(over[0])
-            raise ValueError(
-                f"sample {first} has {int(lengths[first])} tokens{under}, which exceeds {cap_name}={cap} "
-                f"({over.size} sample(s) over the cap, the largest has {int(lengths.max())}): raise {cap_name} to at "
-                f"least {cost.cost([int(lengths[int(np.argmax(measured))])])} or drop or truncate those samples"
-            )
+        raise_if_over(measured, capacity, lambda first, count: (
+            f"sample {first} has {int(lengths[first])} tokens{under}, which exceeds {cap_name}={cap} "
+            f"({count} sample(s) over the cap, the largest has {int(lengths.max())}): raise {cap_name} to at "
+            f"least {cost.cost([int(lengths[int(np.argmax(measured))])])} or drop or truncate those samples"
+        ))
         self.costs = cost.group_costs(lengths, group_size)  # each group alone as a micro-batch
-        over = np.flatnonzero(self.costs > capacity)
-        if over.size:
-            first = int(over[0])
-            raise ValueError(
-                f"forced group exceeds {cap_name}: group {first} (samples {first * group_size}.."
-                f"{first * group_size + group_size - 1}) costs {int(self.costs[first])}{under} > {cap_name}={cap}; "
-                f"raise {cap_name} to at least {int(self.costs.max())} or use a smaller force_group_size"
-            )
+        raise_if_over(self.costs, capacity, lambda first, _: (
+            f"forced group exceeds {cap_name}: group {first} (samples {first * group_size}.."
+            f"{first * group_size + group_size - 1}) costs {int(self.costs[first])}{under} > {cap_name}={cap}; "
+            f"raise {cap_name} to at least {int(self.costs.max())} or use a smaller force_group_size"
+        ))
         # Additive costs for the token model: a micro-batch's rounded tokens, under the cap's
         # packed rounding (the token model reduces to tokens under a smaller capacity).
         self.additive = None if cost.padded else measured.reshape(-1, group_size).sum(axis=1)
@@ -111,14 +107,6 @@ class _Items:
 
     def __len__(self) -> int:
         return len(self.costs)
-
-
-def _bin_of_item(bins: Sequence[Sequence[int]], n: int) -> np.ndarray:
-    """The bin of every item, from the bins' item lists (a partition of ``range(n)``). O(n)."""
-    result = np.empty(n, dtype=np.int64)
-    result[np.fromiter((i for b in bins for i in b), dtype=np.int64, count=n)] = np.repeat(
-        np.arange(len(bins)), [len(b) for b in bins])
-    return result
 
 
 def _bins_to_samples(bins: np.ndarray, grid_rows: Sequence[np.ndarray], group_size: int) -> list[list[list[int]]]:
@@ -211,10 +199,9 @@ class TokenBudgetBatchSampler:
         settings: dict[str, Optional[int]] = dict.fromkeys(
             ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
              "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas"))
-        replicas = num_replicas
         try:  # every local check first, so that an error here is agreed with the other ranks
             self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
-            replicas = self.num_replicas
+            num_replicas = self.num_replicas
             settings["num_replicas"] = self.num_replicas
             self.max_token_len = int_argument("max_token_len", max_token_len)
             settings["max_token_len"] = self.max_token_len
@@ -227,9 +214,7 @@ class TokenBudgetBatchSampler:
             self.max_samples_per_micro_batch = int_argument(
                 "max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True)
             settings["max_samples_per_micro_batch"] = self.max_samples_per_micro_batch or 0
-            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-                raise ValueError(f"seed must be an int, got {seed!r}")
-            self.seed = int(seed)
+            self.seed = int_argument("seed", seed, minimum=None, maximum=None, expected="an int")
             settings["seed"] = digest(self.seed)
             if not isinstance(shuffle, (bool, np.bool_)):
                 raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
@@ -239,11 +224,7 @@ class TokenBudgetBatchSampler:
                               empty="lengths is empty: the dataset has no sample to plan")
         except ValueError as caught:
             error = caught
-        if should_check(int(replicas) if isinstance(replicas, (int, np.integer)) and replicas > 0 else 2,
-                        process_group):
-            check_same_inputs(list(settings.items()), array, error, process_group, who="TokenBudgetBatchSampler")
-        elif error is not None:
-            raise error
+        agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="TokenBudgetBatchSampler")
         # Past this point every rank holds the same inputs: what follows is the same everywhere,
         # errors included, so a rank can raise without leaving another in a collective.
         self.lengths = array
@@ -294,7 +275,7 @@ class TokenBudgetBatchSampler:
             from ..partition.packing import split_bins_to_count
 
             packing = split_bins_to_count(packing, items.additive, count) if count > len(packing) else packing
-            self._tight_bins = _bin_of_item(packing, len(items))
+            self._tight_bins = _assignment_from_groups(packing, len(items))
             self.count = count
         self.mix = "fixed"
         if items.additive is None:
@@ -344,13 +325,16 @@ class TokenBudgetBatchSampler:
     def _grow_tight(self, count: int) -> None:
         from ..partition.packing import split_bins_to_count
 
-        order = np.argsort(self._tight_bins, kind="stable")
-        bins = np.split(order, np.cumsum(np.bincount(self._tight_bins, minlength=self.count))[:-1])
-        grown = split_bins_to_count([b.tolist() for b in bins], self._items.additive, count)
-        self._tight_bins = _bin_of_item(grown, len(self._items))
+        bins = _groups_from_assignment(self._tight_bins, self.count)
+        grown = split_bins_to_count(bins, self._items.additive, count)
+        self._tight_bins = _assignment_from_groups(grown, len(self._items))
+
+    def _rng(self, epoch: int, stream: int) -> np.random.Generator:
+        """The random stream ``stream`` of ``epoch``: the same on every rank and machine."""
+        return np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, stream])
 
     def _draw(self, count: int, epoch: int, attempt: int) -> Optional[np.ndarray]:
-        rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, attempt])
+        rng = self._rng(epoch, attempt)
         kind, noise = DRAWS[attempt]
         items = self._items
         if kind == "deal":
@@ -408,7 +392,7 @@ class TokenBudgetBatchSampler:
     def _rank_plan(self, epoch: int, ranks: Sequence[int]) -> list[list[list[int]]]:
         bins, kind = self._epoch_bins(epoch)
         fresh = kind is not None
-        rng = np.random.default_rng([self.seed & ((1 << 63) - 1), epoch, len(DRAWS)]) if self.shuffle else None
+        rng = self._rng(epoch, len(DRAWS)) if self.shuffle else None
         if not fresh and rng is not None:
             bins = self._relabel(bins, rng)
         grid = self._grid(bins, rng, fresh)
@@ -471,10 +455,7 @@ def pack_rows(
                           empty="lengths is empty: the dataset has no sample to pack")
     except ValueError as caught:
         error = caught
-    if should_check(num_replicas if isinstance(num_replicas, int) and num_replicas > 0 else 2, process_group):
-        check_same_inputs(list(settings.items()), array, error, process_group, who="pack_rows")
-    elif error is not None:
-        raise error
+    agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="pack_rows")
     items = _Items(array, seq_length, "seq_length", cost, 1)
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
         from .. import build_dp_schedule
@@ -493,6 +474,6 @@ def pack_rows(
         )
     if count > len(rows):
         rows = split_bins_to_count(rows, items.additive, count)
-    bins = _bin_of_item(rows, len(array))
+    bins = _assignment_from_groups(rows, len(array))
     grid = deal_slots(np.bincount(bins, weights=items.additive, minlength=count), num_replicas, None)
     return _bins_to_samples(bins, list(grid), 1)

@@ -35,6 +35,7 @@ from typing import Optional
 import numpy as np
 
 from .bins import _SortedPairs
+from .parts import _assignment_from_groups
 
 __all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "fresh_mix_bins", "noisy_best_fit_bins", "deal_slots"]
 
@@ -222,10 +223,7 @@ def noisy_best_fit_bins(
             index.add((room - size) * num_bins + target)
     if len(members) < num_bins:
         members = split_bins_to_count(members, costs, num_bins)
-    assigned = np.empty(n, dtype=np.int64)
-    for target, items in enumerate(members):
-        assigned[items] = target
-    return assigned
+    return _assignment_from_groups(members, n)
 
 
 def deal_slots(bin_workloads: np.ndarray, num_replicas: int, rng: Optional[np.random.Generator]) -> np.ndarray:

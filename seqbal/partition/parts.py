@@ -78,6 +78,15 @@ def _groups_from_assignment(assignment: np.ndarray, k: int) -> list[list[int]]:
     return [order_list[bounds[i]:bounds[i + 1]] for i in range(k)]
 
 
+def _assignment_from_groups(groups: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """The part label of every item, from index lists that partition ``range(n)`` (the inverse
+    of :func:`_groups_from_assignment`). O(n)."""
+    labels = np.empty(n, dtype=np.int64)
+    labels[np.fromiter(chain.from_iterable(groups), dtype=np.int64, count=n)] = np.repeat(
+        np.arange(len(groups)), [len(g) for g in groups])
+    return labels
+
+
 def _descending(values: np.ndarray) -> list[int]:
     """Item indices by descending value, ascending index among equal values. O(n log n)."""
     return np.lexsort((np.arange(len(values)), -values)).tolist()
