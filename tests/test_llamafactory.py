@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections import Counter
 
@@ -146,3 +147,24 @@ def test_the_example_trains_under_the_budget(ranks):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "check: OK" in result.stdout
     assert f"on {ranks} rank(s)" in result.stdout
+
+
+@needs_llamafactory
+def test_the_documented_launcher_trains_from_a_yaml_config(tmp_path):
+    """docs/llamafactory.md's ``train.py`` as written, launched on 2 ranks with a YAML config."""
+    text = open(os.path.join(ROOT, "docs", "llamafactory.md"), encoding="utf-8").read()
+    launcher = re.search(r"```python no-run\n(# train\.py\n.*?)```", text, re.S).group(1)
+    (tmp_path / "train.py").write_text(launcher)
+    spec = importlib.util.spec_from_file_location("llamafactory_sft", os.path.join(ROOT, "examples", "llamafactory_sft.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.build_checkpoint(str(tmp_path / "tiny-llama"))
+    example.build_dataset(str(tmp_path / "train.jsonl"))
+    (tmp_path / "config.yaml").write_text(
+        f"model: {tmp_path / 'tiny-llama'}\ntemplate: chatml\ntrain_dataset: {tmp_path / 'train.jsonl'}\n"
+        f"output_dir: {tmp_path / 'out'}\nbatching_strategy: dynamic_batching\ncutoff_len: 128\n"
+        "micro_batch_size: 4\nglobal_batch_size: 16\nmax_steps: 3\nbf16: false\n")
+    result = _torchrun(2, str(tmp_path / "train.py"), str(tmp_path / "config.yaml"),
+                       what="docs/llamafactory.md's launcher on 2 ranks")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert (tmp_path / "out" / "config.json").exists()  # run_sft saved the trained model
