@@ -326,14 +326,36 @@ def table(ticks: int, seed: int, tq_batch: int) -> list[str]:
     return out
 
 
+def _scheduled(planner: StepPlanner) -> StepPlanner:
+    """``planner`` with every ``S`` step planned by ``build_dp_schedule`` on the chosen samples
+    (the planner's own route before it tried the count at the lower bound first)."""
+    planner._at_lower_bound = lambda chosen: None
+    return planner
+
+
+def _step_figures(step: Optional[list[list[list[int]]]], lengths: np.ndarray) -> Optional[tuple[int, float, float]]:
+    """(micro-batches per rank, balance per micro-batch, balance per step) of one step, on
+    seqbal's default workloads (as the run's table); None for no step."""
+    if step is None:
+        return None
+    work = calculate_workload(lengths)
+    cells = np.array([[int(work[mb].sum()) for mb in rank] for rank in step])  # [rank, slot]
+    total = cells.sum()
+    return cells.shape[1], total / (len(step) * cells.max(axis=0).sum()), total / (len(step) * cells.sum(axis=1).max())
+
+
 def cost_table(pools: list[int], rounds: int) -> list[str]:
     """One step's planning CPU time against one BFD pass over the same pool's lengths, interleaved
-    rounds, medians (``python -m benchmarks.streams --cost``)."""
-    lengths = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=np.int64)
-    modes = [("K = 2 x 8 ranks", dict(micro_batches_per_step=K)), ("K = 8 x 8 ranks", dict(micro_batches_per_step=8)),
-             ("S = 512", dict(samples_per_step=512))]
+    rounds, medians (``python -m benchmarks.streams --cost``). ``S = 512`` is measured twice, as
+    it plans now and forced onto ``build_dp_schedule`` (its route before), side by side, with
+    the count and the balance of each one's step."""
+    modes = [("K = 2 x 8 ranks", dict(micro_batches_per_step=K), False),
+             ("K = 8 x 8 ranks", dict(micro_batches_per_step=8), False),
+             ("S = 512", dict(samples_per_step=512), False),
+             ("S = 512 by build_dp_schedule", dict(samples_per_step=512), True)]
     ratios: dict[tuple[int, str], list[float]] = {}
     step_ms: dict[tuple[int, str], list[float]] = {}
+    figures: dict[tuple[int, str], tuple[int, float, float]] = {}
     bfd_ms: dict[int, list[float]] = {}
     rng = np.random.default_rng(0)
     cases = {n: np.concatenate([real_groups()[g] for g in rng.integers(0, 100, n // GROUP)]) for n in pools}
@@ -345,22 +367,32 @@ def cost_table(pools: list[int], rounds: int) -> list[str]:
             best_fit_decreasing_partitions(pool, CAP)
             bfd = time.process_time() - start
             bfd_ms.setdefault(n, []).append(bfd * 1e3)
-            for name, kwargs in modes:
+            for name, kwargs, before in modes:
                 planner = StepPlanner(CAP, RANKS, **kwargs)
+                if before:
+                    _scheduled(planner)
                 planner.add(np.arange(len(pool)), pool, groups=(np.arange(len(pool)) // GROUP).tolist())
                 planner._pool.consolidate()  # the pool as it stands before a step (joined once per step anyway)
                 gc.collect()
                 start = time.process_time()
-                planner.next_step()
+                step = planner.next_step()
                 seconds = time.process_time() - start
                 ratios.setdefault((n, name), []).append(seconds / max(bfd, 1e-9))
                 step_ms.setdefault((n, name), []).append(seconds * 1e3)
-    out = ["| pool (samples) | BFD pass ms | " + " | ".join(f"{name}: ms / BFD passes" for name, _ in modes) + " |",
+                figures[(n, name)] = _step_figures(step, pool)  # deterministic: the same every round
+    out = ["| pool (samples) | BFD pass ms | " + " | ".join(f"{name}: ms / BFD passes" for name, _, _ in modes) + " |",
            "|---|---|" + "---|" * len(modes)]
     for n in pools:
         cells = [f"{statistics.median(step_ms[(n, name)]):.1f} / {statistics.median(ratios[(n, name)]):.2f}"
-                 for name, _ in modes]
+                 for name, _, _ in modes]
         out.append(f"| {n:,} | {statistics.median(bfd_ms[n]):.1f} | " + " | ".join(cells) + " |")
+    out += ["", "| pool (samples) | " + " | ".join(
+        f"{name}: micro-batches per rank / balance per micro-batch / per step" for name, _, _ in modes) + " |",
+        "|---|" + "---|" * len(modes)]
+    for n in pools:
+        out.append(f"| {n:,} | " + " | ".join(
+            "no step" if figures[(n, name)] is None else "{} / {:.4f} / {:.4f}".format(*figures[(n, name)])
+            for name, _, _ in modes) + " |")
     return out
 
 

@@ -30,10 +30,11 @@ from typing import Any, Hashable, Optional, Sequence, Union
 import numpy as np
 
 from .cost import CostModel, as_cost_model
-from .partition import capped_balanced_partitions
+from .partition import capped_balanced_partitions, packing_lower_bound, rebalance_within_capacity, roundup_divisible
 from .partition.packing import split_bins_to_count
-from .partition.sample_cap import within_sample_cap
+from .partition.sample_cap import sample_count_bound, within_sample_cap
 from .partition.parts import ceildiv
+from .schedule.slots import SLOT_CLOSE_ENOUGH
 from .stream import Pool, exact_selection, fill_bins, layout_bins
 from .stream.pool import Arrivals
 from .validation import int_argument
@@ -43,6 +44,11 @@ __all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES"]
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
 EVEN_SLOTS_MIN_SAMPLES = 128
+
+#: With ``even_slots=None``, a ``samples_per_step`` step's slot evening makes at most one trade
+#: attempt per this many pending samples: a trade costs about as much as a best-fit-decreasing
+#: pass over this many samples, so the evening stays within a pass or so of the pool's.
+SAMPLES_PER_TRADE = 128
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -103,7 +109,7 @@ class StepPlanner:
         >>> planner = StepPlanner(8, 2, samples_per_step=4)
         >>> planner.add([10, 11, 12, 13, 14, 15], [3, 3, 4, 2, 5, 1], groups=[0, 0, 1, 1, 2, 2])
         >>> planner.next_step(), planner.pending
-        ([[[10, 11]], [[12, 13]]], 2)
+        ([[[12, 13]], [[10, 11]]], 2)
         >>> planner.next_step(flush=True)
         [[[14, 15]], [[]]]
     """
@@ -326,8 +332,11 @@ class StepPlanner:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
 
-    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True) -> tuple[list[int], list[list[list[int]]]]:
-        """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool positions."""
+    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
+                  budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:
+        """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool
+        positions; ``balance=False``: ``bins`` are balanced already, only laid out; ``budget``:
+        the evening's trade attempts, at most."""
         columns = self._pool.columns
         positions = sorted(g for b in bins for g in b)
         local = {g: i for i, g in enumerate(positions)}
@@ -335,7 +344,7 @@ class StepPlanner:
         tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
         parts = [[local[g] for g in b] for b in bins]
         total = per_rank * self.num_replicas
-        if total <= len(positions):  # enough groups for every micro-batch: none left empty
+        if balance and total <= len(positions):  # enough groups for every micro-batch: none left empty
             cost = columns["cost"][where]
             balanced = None
             if not self.cost_model.padded:  # the same groups, re-partitioned for even workloads within the cap
@@ -349,7 +358,7 @@ class StepPlanner:
                 parts = split_bins_to_count(parts, cost, total, weights=work)
         layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
                              self.num_replicas, per_rank, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch, even=even)
+                             max_samples=self.max_samples_per_micro_batch, even=even, budget=budget)
         return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
 
     def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
@@ -367,6 +376,9 @@ class StepPlanner:
         where = np.asarray(chosen, dtype=np.int64)
         ranks = self.num_replicas
         if len(chosen) >= ranks:
+            fewest = self._at_lower_bound(chosen)
+            if fewest is not None:
+                return fewest
             offsets = pool.offsets()
             sizes = columns["samples"][where]
             sample_pos = np.concatenate([np.arange(offsets[g], offsets[g] + sizes[i]) for i, g in enumerate(chosen)])
@@ -388,6 +400,48 @@ class StepPlanner:
                          max_samples=self.max_samples_per_micro_batch)
         bins = [[chosen[i] for i in b] for b in bins if b]
         return self._laid_out(bins, ceildiv(len(bins), ranks))
+
+    def _at_lower_bound(self, chosen: list[int]) -> Optional[tuple[list[int], list[list[list[int]]]]]:
+        """An ``S`` step's groups at the count no plan can go below, or None to plan them with
+        :func:`seqbal.build_dp_schedule`.
+
+        The count is the packing lower bound of the chosen groups (and the bound on samples under
+        the sample cap), rounded up to a multiple of the ranks: the count ``build_dp_schedule``
+        tries first and keeps whenever it is feasible, so where one capped balanced partition
+        reaches it, the count is the schedule's with no search for it (the schedule would also
+        pack, and align a second candidate partition, to find the same count). The partition's
+        heaviest micro-batch is then lowered further (:func:`seqbal.partition.rebalance_within_capacity`,
+        to within :data:`seqbal.schedule.slots.SLOT_CLOSE_ENOUGH`) and it is laid out as a ``K``
+        step is, its slots evened with at most one trade attempt per
+        :data:`EVEN_SLOTS_MIN_SAMPLES` pending samples (``even_slots=True``: the evening's own
+        bound; False: none), which keeps a step's cost a bounded number of best-fit-decreasing
+        passes over the pool. Padded and memory cost models, and a partition that misses the
+        count or the sample cap, go to ``build_dp_schedule``: the count is then its count.
+        O(c log c) on the ``c`` chosen groups, plus the evening.
+        """
+        model = self.cost_model
+        if model.padded or model.memory is not None:
+            return None
+        columns, ranks, max_samples = self._pool.columns, self.num_replicas, self.max_samples_per_micro_batch
+        where = np.asarray(chosen, dtype=np.int64)
+        tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
+        capacity = max(self._capacity(), 1)
+        bound = max(packing_lower_bound(tokens, capacity), ranks)
+        if max_samples is not None:
+            bound = max(bound, sample_count_bound(samples, max_samples))
+        count = roundup_divisible(bound, ranks)
+        if count > len(chosen):
+            return None
+        parts = capped_balanced_partitions(tokens, work, capacity, count)
+        if parts is None or (max_samples is not None and not within_sample_cap(parts, samples, max_samples)):
+            return None
+        tighter = rebalance_within_capacity(parts, tokens, work, capacity, max_steps=4 * count + 64,
+                                            close_enough=SLOT_CLOSE_ENOUGH - 1)
+        if max_samples is None or within_sample_cap(tighter, samples, max_samples):
+            parts = tighter
+        budget = None if self.even_slots else self._pool.samples // SAMPLES_PER_TRADE
+        return self._laid_out([[chosen[i] for i in part] for part in parts], count // ranks,
+                              even=self.even_slots is not False, balance=False, budget=budget)
 
     # -- checkpoints --------------------------------------------------------------------------
 
