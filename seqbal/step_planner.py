@@ -109,7 +109,7 @@ class StepPlanner:
         >>> planner = StepPlanner(8, 2, samples_per_step=4)
         >>> planner.add([10, 11, 12, 13, 14, 15], [3, 3, 4, 2, 5, 1], groups=[0, 0, 1, 1, 2, 2])
         >>> planner.next_step(), planner.pending
-        ([[[12, 13]], [[10, 11]]], 2)
+        ([[[10, 11]], [[12, 13]]], 2)
         >>> planner.next_step(flush=True)
         [[[14, 15]], [[]]]
     """
@@ -440,8 +440,10 @@ class StepPlanner:
         if max_samples is None or within_sample_cap(tighter, samples, max_samples):
             parts = tighter
         budget = None if self.even_slots else self._pool.samples // SAMPLES_PER_TRADE
-        return self._laid_out([[chosen[i] for i in part] for part in parts], count // ranks,
-                              even=self.even_slots is not False, balance=False, budget=budget)
+        positions, layout = self._laid_out([[chosen[i] for i in part] for part in parts], count // ranks,
+                                           even=self.even_slots is not False, balance=False, budget=budget)
+        layout.sort(key=lambda rank: min(min(mb) for mb in rank))  # the oldest group on rank 0, as the schedule
+        return positions, layout
 
     # -- checkpoints --------------------------------------------------------------------------
 
