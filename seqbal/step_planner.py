@@ -8,7 +8,10 @@ decide *what goes into a step* from a pool that fills over time. Two kinds of st
   cap, filled with as many pending tokens as fit, oldest first (:mod:`seqbal.stream.fill`);
 * ``samples_per_step=S``: every step takes exactly ``S`` samples of whole groups, oldest first
   (:mod:`seqbal.stream.exact`), planned into the fewest micro-batches, the same count on every
-  rank (:func:`seqbal.build_dp_schedule`).
+  rank: the count :func:`seqbal.build_dp_schedule` would plan. It is first tried at the lower
+  bound no plan can go below (one capped balanced partition, the usual case, at a few
+  best-fit-decreasing passes of the pool), and only where that fails does the step run
+  ``build_dp_schedule`` itself (its count search costs several passes more on small pools).
 
 The planner's state is what was added and how many steps were taken; everything else is derived
 from it deterministically, so every rank that makes the same adds computes the same steps with
@@ -39,7 +42,7 @@ from .stream import Pool, exact_selection, fill_bins, layout_bins
 from .stream.pool import Arrivals
 from .validation import int_argument
 
-__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE"]
 
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
@@ -81,14 +84,16 @@ class StepPlanner:
             own arrivals: :meth:`next_step` gathers them (one collective per step) before
             planning, so every rank plans the same steps. Indices must be unique across ranks.
             Default None: every rank makes the same adds itself (no collective at all).
-        even_slots: ``micro_batches_per_step`` only: even out every slot's micro-batches across
-            ranks with the global schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`,
-            step 5), or only sort them into slots and place them on ranks. The evening costs
-            about a third of a millisecond per micro-batch of the step whatever the pool, so
-            None (the default) runs it when the pool holds at least
-            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step, where it stays
-            within a few best-fit-decreasing passes over the pool (docs/streams.md has the
-            figures).
+        even_slots: even out every slot's micro-batches across ranks with the global
+            schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`, step 5), or
+            (False) only sort them into slots and place them on ranks. The evening costs about
+            a third of a millisecond per micro-batch of the step whatever the pool, so None
+            (the default) keeps it within a few best-fit-decreasing passes over the pool: a
+            ``micro_batches_per_step`` step runs it when the pool holds at least
+            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step; a
+            ``samples_per_step`` step runs it with at most one trade attempt per
+            :data:`SAMPLES_PER_TRADE` pending samples (True: to the end, as
+            ``build_dp_schedule`` does). docs/streams.md has the figures.
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
@@ -296,7 +301,9 @@ class StepPlanner:
                 an index added on two ranks, or the ``max_wait_steps`` bound, on every rank alike.
 
         Complexity: K mode O(p) NumPy work on a pool of p groups plus O(c * K * R) for the c
-        groups it visits; S mode O(p) plus :func:`seqbal.build_dp_schedule` on the S samples.
+        groups it visits; S mode O(p) plus O(c log c) on the c chosen groups and at most
+        p / :data:`SAMPLES_PER_TRADE` trade attempts of the slot evening (or, where the lower
+        bound is not reached, :func:`seqbal.build_dp_schedule` on the S samples).
         """
         if self.dp_group is not None:
             self._gather()
