@@ -3,6 +3,7 @@
     python -m benchmarks.streams                 # the table of docs/benchmarks.md (60 steps, 8 ranks)
     python -m benchmarks.streams --ticks 20      # shorter
     python -m benchmarks.streams --cost          # a step's planning cost in best-fit-decreasing passes
+    python -m benchmarks.streams --cost --draws 10   # the S step on 10 drawn pools per size
 
 Arrivals: at every tick a Poisson number of GRPO groups finishes generating (whole groups of 8
 drawn from the 100 real groups of seqbal/data/qwen25math_cot_rollouts.txt), about 90% of what
@@ -396,6 +397,53 @@ def cost_table(pools: list[int], rounds: int) -> list[str]:
     return out
 
 
+def draws_table(pools: list[int], draws: int, rounds: int) -> list[str]:
+    """The ``S = 512`` step, as planned and by ``build_dp_schedule``, on ``draws`` pools per size
+    (groups drawn with seeds 0, 1, ...): the range over the draws of the BFD passes (medians of
+    ``rounds``), of the micro-batches per rank and of the balance per micro-batch
+    (``python -m benchmarks.streams --cost --draws 10``)."""
+    groups = real_groups()
+    out = ["| pool (samples) | BFD passes | by build_dp_schedule | the same micro-batches per rank | "
+           "balance per micro-batch | by build_dp_schedule | worst ratio of the two |",
+           "|---|---|---|---|---|---|---|"]
+    for n in pools:
+        found: dict[bool, list[tuple[float, int, float]]] = {False: [], True: []}
+        for seed in range(draws):
+            rng = np.random.default_rng(seed)
+            pool = np.concatenate([groups[g] for g in rng.integers(0, 100, n // GROUP)])
+            times: dict[bool, list[float]] = {False: [], True: []}
+            figures = {}
+            for _ in range(rounds):
+                gc.collect()
+                start = time.process_time()
+                best_fit_decreasing_partitions(pool, CAP)
+                bfd = max(time.process_time() - start, 1e-9)
+                for before in (False, True):
+                    planner = StepPlanner(CAP, RANKS, samples_per_step=512)
+                    if before:
+                        _scheduled(planner)
+                    planner.add(np.arange(len(pool)), pool, groups=(np.arange(len(pool)) // GROUP).tolist())
+                    planner._pool.consolidate()
+                    gc.collect()
+                    start = time.process_time()
+                    step = planner.next_step()
+                    times[before].append((time.process_time() - start) / bfd)
+                    figures[before] = _step_figures(step, pool)
+            for before in (False, True):
+                count, balance, _ = figures[before]
+                found[before].append((statistics.median(times[before]), count, balance))
+        now, then = found[False], found[True]
+        same = sum(a[1] == b[1] for a, b in zip(now, then))
+        worst = min(a[2] / b[2] for a, b in zip(now, then))
+
+        def span(rows: list[tuple[float, int, float]], i: int, digits: int) -> str:
+            return f"{min(r[i] for r in rows):.{digits}f} to {max(r[i] for r in rows):.{digits}f}"
+
+        out.append(f"| {n:,} | {span(now, 0, 2)} | {span(then, 0, 2)} | {same} of {draws} | {span(now, 2, 4)} | "
+                   f"{span(then, 2, 4)} | {worst:.4f} |")
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ticks", type=int, default=60)
@@ -404,8 +452,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cost", action="store_true", help="the planning cost in BFD passes instead")
     parser.add_argument("--pools", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--draws", type=int, default=0,
+                        help="with --cost: the S step on this many drawn pools per size instead")
     args = parser.parse_args(argv)
-    lines = cost_table(args.pools, args.rounds) if args.cost else table(args.ticks, args.seed, args.tq_batch)
+    if args.cost and args.draws:
+        lines = draws_table(args.pools, args.draws, args.rounds)
+    else:
+        lines = cost_table(args.pools, args.rounds) if args.cost else table(args.ticks, args.seed, args.tq_batch)
     print("\n".join(lines))
 
 

@@ -253,3 +253,5 @@ def test_streams_benchmark_runs_and_holds_the_cap():
     assert len(lines) == 7  # a row of times, a row of counts and balances, headers
     counts = lines[-1].split(" | ")[3:5]  # the S step as planned, and by build_dp_schedule
     assert counts[0].split(" / ")[0] == counts[1].split(" / ")[0] == "2"
+    drawn = streams.draws_table([1000], 2, 1)[-1].split(" | ")
+    assert drawn[3] == "2 of 2"  # the same count as build_dp_schedule on every draw
