@@ -413,14 +413,15 @@ class StepPlanner:
         :func:`seqbal.build_dp_schedule`.
 
         The count is the packing lower bound of the chosen groups (and the bound on samples under
-        the sample cap), rounded up to a multiple of the ranks: the count ``build_dp_schedule``
-        tries first and keeps whenever it is feasible, so where one capped balanced partition
-        reaches it, the count is the schedule's with no search for it (the schedule would also
-        pack, and align a second candidate partition, to find the same count). The partition's
-        heaviest micro-batch is then lowered further (:func:`seqbal.partition.rebalance_within_capacity`,
-        to within :data:`seqbal.schedule.slots.SLOT_CLOSE_ENOUGH`) and it is laid out as a ``K``
-        step is, its slots evened with at most one trade attempt per
-        :data:`EVEN_SLOTS_MIN_SAMPLES` pending samples (``even_slots=True``: the evening's own
+        the sample cap), rounded up to a multiple of the ranks: no plan has fewer micro-batches,
+        and ``build_dp_schedule`` tries this count first with the same partitioner, so where one
+        capped balanced partition reaches it, the count is the schedule's (never more) with no
+        search for it (the schedule would also pack, and align a second candidate partition, to
+        find the same count). The partition's heaviest micro-batch is then lowered further
+        (:func:`seqbal.partition.rebalance_within_capacity`, to within
+        :data:`seqbal.schedule.slots.SLOT_CLOSE_ENOUGH`) and it is laid out as a ``K`` step is,
+        its slots evened with at most one trade attempt per :data:`SAMPLES_PER_TRADE` pending
+        samples (``even_slots=True``: the evening's own
         bound; False: none), which keeps a step's cost a bounded number of best-fit-decreasing
         passes over the pool. Padded and memory cost models, and a partition that misses the
         count or the sample cap, go to ``build_dp_schedule``: the count is then its count.
@@ -442,6 +443,8 @@ class StepPlanner:
         parts = capped_balanced_partitions(tokens, work, capacity, count)
         if parts is None or (max_samples is not None and not within_sample_cap(parts, samples, max_samples)):
             return None
+        # twice the partitioner's own step limit, to the evening's closeness: the fewer trades
+        # the bounded evening then needs (a rebalance step costs a fraction of a trade)
         tighter = rebalance_within_capacity(parts, tokens, work, capacity, max_steps=4 * count + 64,
                                             close_enough=SLOT_CLOSE_ENOUGH - 1)
         if max_samples is None or within_sample_cap(tighter, samples, max_samples):
