@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqbal import CostModel, StepPlanner
+from seqbal.cost import MemoryCost
 from seqbal.stream import fill_bins
 from tests.step_invariants import Tracker
 
@@ -46,7 +47,8 @@ def streams(draw):
     fixed_count = draw(st.booleans())
     k = draw(st.integers(1, 3)) if fixed_count else None
     s = None if fixed_count else draw(st.integers(1, 12))
-    cost = draw(st.sampled_from([None, "padded", CostModel(round_to=4), CostModel(pack_round_to=8)]))
+    cost = draw(st.sampled_from([None, "padded", CostModel(round_to=4), CostModel(pack_round_to=8),
+                                 CostModel(memory=MemoryCost(fixed=3, per_sequence=1, per_token=1.5, per_token_squared=0.05))]))
     max_samples = draw(st.one_of(st.none(), st.integers(2, 6)))
     wait = draw(st.one_of(st.none(), st.integers(0, 3)))
     equal = draw(st.booleans())  # equal group sizes (GRPO) or mixed
@@ -255,3 +257,16 @@ def test_streams_benchmark_runs_and_holds_the_cap():
     assert counts[0].split(" / ")[0] == counts[1].split(" / ")[0] == "2"
     drawn = streams.draws_table([1000], 2, 1)[-1].split(" | ")
     assert drawn[3] == "2 of 2"  # the same count as build_dp_schedule on every draw
+
+
+@pytest.mark.parametrize("mode", [{"micro_batches_per_step": 1}, {"samples_per_step": 4}])
+def test_a_memory_cost_caps_predicted_bytes_not_tokens(mode):
+    """Under a memory cost the cap is in bytes: 60-token samples of 1000 + 10 x tokens bytes fit one
+    to a micro-batch of 2000 bytes (a token count would let all four in)."""
+    cost = CostModel(memory=MemoryCost(fixed=1000, per_token=10.0))
+    planner = StepPlanner(2000, 2, cost_model=cost, **mode)
+    planner.add(range(8), [60] * 8)
+    step = planner.next_step()
+    assert all(cost.cost([60] * len(mb)) <= 2000 and len(mb) == 1 for rank in step for mb in rank)
+    with pytest.raises(ValueError, match="sample 9 has 101 tokens.*alone, a micro-batch of 2010"):
+        planner.add([9], [101])

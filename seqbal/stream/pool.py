@@ -163,17 +163,22 @@ class Pool:
             names = list(members)
         index_array, length_array = index_array[order], length_array[order]
         rounded = self.cost_model.rounded(length_array)
+        # What each sample adds to a micro-batch's cost: its rounded length, or under a memory
+        # cost its predicted bytes (the cap is then in bytes); padded cost is samples x longest.
+        sample_cost = rounded if self.cost_model.padded else self.cost_model.sample_costs(length_array)
         under = "" if self.cost_model.is_default else f" under the {self.cost_model}"
-        over = np.nonzero(rounded > self.capacity)[0]
+        over = np.nonzero(sample_cost > self.capacity)[0]
         if len(over):
             i = int(over[0])
+            costs = ("" if self.cost_model.memory is None
+                     else f" (alone, a micro-batch of {self.cost_model.cost([int(length_array[i])])})")
             raise ValueError(
-                f"sample {int(index_array[i])} has {int(length_array[i])} tokens{under}, which exceeds "
+                f"sample {int(index_array[i])} has {int(length_array[i])} tokens{under}{costs}, which exceeds "
                 f"max_token_len={self.max_token_len} ({len(over)} sample(s) of this add over the cap); nothing "
                 f"of this add was added"
             )
         starts = np.cumsum(sizes) - sizes
-        tokens = np.add.reduceat(rounded, starts) if n else _empty()
+        tokens = np.add.reduceat(sample_cost, starts) if n else _empty()  # bytes under a memory cost
         longest = np.maximum.reduceat(rounded, starts) if n else _empty()
         work = np.add.reduceat(balance_workloads(rounded), starts) if n else _empty()
         if self.cost_model.padded:
