@@ -39,7 +39,7 @@ EPOCHS = 2
 
 
 def write_model(folder: Path) -> None:
-    """A one-layer Llama and a whitespace word-level tokenizer (``t0`` .. ``t127``)."""
+    """A one-layer Llama and a whitespace word-level tokenizer (words ``t4`` .. ``t127``)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -50,10 +50,13 @@ def write_model(folder: Path) -> None:
         num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3"))
+    # special tokens that no word contains: the tokenizer matches them anywhere in the text
+    special = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {**{token: i for i, token in enumerate(special)}, **{f"t{i}": i for i in range(len(special), VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", bos_token="t1", eos_token="t2",
-                            unk_token="t3").save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(folder)
 
 
 def write_dataset(folder: Path, over: bool) -> None:
@@ -67,7 +70,7 @@ def write_dataset(folder: Path, over: bool) -> None:
         prompt = rng.randint(3, 30)
         answer = rng.randint(2, 20)
         if over and index == SAMPLES // 2:
-            prompt, answer = LONG - 20, 19  # + the eos LLaMA-Factory appends: LONG tokens
+            prompt, answer = LONG - 20, 20  # the "empty" template adds nothing: LONG tokens
         start = rng.randint(50, VOCAB - 1)
         words = [f"t{50 + (start + k) % (VOCAB - 50)}" for k in range(prompt + answer)]
         rows.append({"instruction": " ".join([f"t{4 + index}"] + words[: prompt - 1]), "input": "",

@@ -1,0 +1,174 @@
+"""seqbal's token budget inside LLaMA-Factory's classic SFT trainer (``CustomSeq2SeqTrainer``),
+through LLaMA-Factory's own entry point ``run_exp`` on CPU, on 1 rank and on 2 gloo ranks
+(``python -m torch.distributed.run --standalone``); see ``tests/llamafactory_classic_workers.py``
+for what each mode runs.
+
+The real runs are skipped without llamafactory (CI installs llamafactory 0.9.5 and its pins in
+an environment of their own); the argument checks at the top run everywhere. Every launch has a
+hard deadline: the launcher's whole session is killed and the test fails past ``DEADLINE_S``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import llamafactory_classic_workers as workers
+from .deadline import run_with_deadline
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE_S = 240
+
+
+# --- without llamafactory -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"max_token_len": 0}, "max_token_len"),
+    ({"max_token_len": True}, "max_token_len"),
+    ({"max_token_len": 64, "max_samples_per_micro_batch": 0}, "max_samples_per_micro_batch"),
+    ({"max_token_len": 64, "cost_model": "no such cost"}, "cost_model"),
+])
+def test_install_checks_its_arguments_before_importing_anything(kwargs, name):
+    from seqbal.integrations import _llamafactory_classic as classic
+
+    with pytest.raises(ValueError, match=name):
+        classic.install(**kwargs)
+    assert not classic.is_installed()
+
+
+def test_default_cost_is_the_collators_padding():
+    from seqbal import CostModel
+    from seqbal.integrations._llamafactory_classic import _default_cost, _length_advice
+
+    class Collator:  # LLaMA-Factory's SFT collator pads to a multiple of 8 when training
+        pad_to_multiple_of = 8
+
+    cost = _default_cost(Collator())
+    assert cost == CostModel(padded=True, round_to=8)
+    assert cost.cost([9, 3]) == 2 * 16  # what the padded tensor holds
+    assert _default_cost(object()) == CostModel(padded=True)
+    assert "cutoff_len <= 96" in _length_advice(cost, 100)
+
+
+# --- a real LLaMA-Factory SFT run -----------------------------------------------------------
+
+
+@pytest.fixture
+def llamafactory():
+    pytest.importorskip("llamafactory")
+    pytest.importorskip("transformers")
+    from .llamafactory_shims import stub_torchaudio
+
+    stub_torchaudio()
+    os.environ.setdefault("DISABLE_VERSION_CHECK", "1")
+    return pytest.importorskip("llamafactory.train.sft.trainer")
+
+
+def launch(mode: str, world: int, tmp_path: Path) -> list[dict]:
+    out = tmp_path / f"{mode}-{world}"
+    out.mkdir()
+    script = str(ROOT / "tests" / "llamafactory_classic_workers.py")
+    if world == 1:
+        command = [sys.executable, script, mode, "--out", str(out)]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+                   script, mode, "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               DISABLE_VERSION_CHECK="1")
+    done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=f"{mode} on {world} rank(s)")
+    records = [out / f"rank{rank}.json" for rank in range(world)]
+    missing = [str(path) for path in records if not path.exists()]
+    assert not missing, f"exit {done.returncode}, no record {missing}: {done.stderr[-3000:]}"
+    return [json.loads(path.read_text()) for path in records]
+
+
+def sample_of(row: list[int]) -> int:
+    """The sample a forwarded row is: the worker starts row ``i`` with the token ``4 + i``."""
+    return row[0] - 4
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_sft_run_under_the_token_budget(llamafactory, world, tmp_path):
+    records = launch("budget", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    assert all(r["sampler"] == "LlamaFactoryTokenBudgetBatchSampler" for r in records)
+    length = records[0]["len"]
+    assert all(r["len"] == length for r in records) and length % workers.GA == 0
+    assert all(r["global_step"] == workers.EPOCHS * length // workers.GA for r in records)
+    rows = records[0]["rows"]
+    assert all(r["rows"] == rows for r in records)  # the ranks agree on their inputs
+    for r in records:
+        assert len(r["warnings"]) == 1 and "per_device_train_batch_size" in r["warnings"][0]
+        assert len(r["forwards"]) == workers.EPOCHS * length  # the same forwards on every rank
+        for forward in r["forwards"]:
+            rows_count, padded_len = forward["shape"]
+            # the padded cost: rows x the batch's longest row, rounded up to 8 by LLaMA-Factory's collator
+            assert rows_count * padded_len <= workers.CAP, forward["shape"]
+            assert padded_len == -(-max(map(len, forward["rows"])) // 8) * 8
+    assert any(len(f["rows"]) > 2 for r in records for f in r["forwards"])  # per_device_train_batch_size=2 no longer limits
+    for epoch in range(workers.EPOCHS):
+        plan = records[0]["plans"][epoch]
+        assert all(r["plans"][epoch] == plan for r in records)
+        trained = []
+        for r in records:
+            forwards = r["forwards"][epoch * length:(epoch + 1) * length]
+            # what rank r forwards is its own share of the plan, in order: accelerate did not reshard it
+            assert [[rows[i] for i in mb] for mb in plan[r["rank"]]] == [f["rows"] for f in forwards]
+            trained += [sample_of(row) for f in forwards for row in f["rows"]]
+        assert sorted(trained) == list(range(workers.SAMPLES))  # every sample exactly once per epoch
+    assert records[0]["plans"][0] != records[0]["plans"][1]  # a fresh shuffle every epoch
+
+
+def test_an_over_long_sample_is_an_error_on_every_rank(llamafactory, tmp_path):
+    records = launch("overcap", 2, tmp_path)
+    for r in records:
+        assert "forwards" in r and not r["forwards"]  # nothing trained
+        message = r.get("error", "")
+        assert f"has {workers.LONG} tokens" in message and f"max_token_len={workers.CAP}" in message, message
+        assert "cutoff_len" in message
+    assert records[0]["error"] == records[1]["error"]
+
+
+def test_uninstalled_llamafactory_keeps_its_own_sampler_and_trains_the_long_sample(llamafactory, tmp_path):
+    (r,) = launch("plain", 1, tmp_path)
+    assert "error" not in r, r.get("error")
+    assert r["sampler"] == "BatchSampler" and not r["warnings"]
+    assert all(len(f["rows"]) <= 2 for f in r["forwards"])  # per_device_train_batch_size
+    long = [f for f in r["forwards"] if any(len(row) == workers.LONG for row in f["rows"])]
+    # LLaMA-Factory keeps a sample up to cutoff_len whole, with no token cap: the forward is over it
+    assert len(long) == 1 and long[0]["shape"][0] * long[0]["shape"][1] > workers.CAP
+    assert sorted(sample_of(row) for f in r["forwards"] for row in f["rows"]) == list(range(workers.SAMPLES))
+
+
+def test_install_and_uninstall_restore_only_what_seqbal_bound(llamafactory):
+    from transformers.trainer import Trainer
+
+    from seqbal.integrations import _llamafactory_classic as classic
+
+    own = vars(Trainer)["get_train_dataloader"]
+    assert classic.install(64) == [("Trainer", "get_train_dataloader")]
+    try:
+        assert classic.is_installed() and vars(Trainer)["get_train_dataloader"] is not own
+        classic.install(32, max_samples_per_micro_batch=3)  # idempotent: the new settings, the same patch
+        assert classic._settings["max_token_len"] == 32 and len(classic._patches) == 1
+        assert llamafactory.CustomSeq2SeqTrainer.get_train_dataloader is vars(Trainer)["get_train_dataloader"]
+    finally:
+        assert classic.uninstall() == [("Trainer", "get_train_dataloader")]
+    assert vars(Trainer)["get_train_dataloader"] is own and not classic.is_installed()
+    assert classic.uninstall() == []
+
+    classic.install(64)
+    def theirs(self):  # someone else's method bound after seqbal's
+        return None
+
+    Trainer.get_train_dataloader = theirs
+    try:
+        assert classic.uninstall() == []  # seqbal's is no longer bound: nothing restored
+        assert vars(Trainer)["get_train_dataloader"] is theirs
+    finally:
+        Trainer.get_train_dataloader = own
