@@ -12,6 +12,9 @@ Modes:
   the error.
 - ``plain``: seqbal installed and uninstalled again, then the ``overcap`` data through
   LLaMA-Factory's own sampler, 1 epoch; the same records.
+- ``resume``: ``budget`` saving a checkpoint every step; with ``--resume-step N``, a fresh launch
+  (LLaMA-Factory tears its process group down after a run) that resumes from checkpoint ``N``
+  of that run, in the same ``--out``, and writes ``resumed<rank>.json``.
 
 Every rank's process group has a short timeout; the test kills the launcher at its deadline.
 """
@@ -81,8 +84,9 @@ def write_dataset(folder: Path, over: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("budget", "overcap", "plain"))
+    parser.add_argument("mode", choices=("budget", "overcap", "plain", "resume"))
     parser.add_argument("--out", required=True)
+    parser.add_argument("--resume-step", type=int, default=None)
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
     out = Path(options.out)
@@ -91,16 +95,22 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
+    # On several CPU ranks accelerate's device is "cpu:0", so checkpoints tag their tensors
+    # "cpu:0", which torch.load cannot map back when transformers resumes; load them on the CPU.
+    torch.serialization.register_package(
+        30, lambda obj: None, lambda obj, location: obj if location.startswith("cpu:") else None)
     from transformers import TrainerCallback
 
     import seqbal.integrations._llamafactory_classic as classic
 
     model_dir, data_dir = out / "model", out / "data"
-    if rank == 0:
+    if options.resume_step is not None:
+        pass  # the saving launch wrote the model and the data
+    elif rank == 0:
         model_dir.mkdir(exist_ok=True)
         data_dir.mkdir(exist_ok=True)
         write_model(model_dir)
-        write_dataset(data_dir, over=options.mode != "budget")
+        write_dataset(data_dir, over=options.mode in ("overcap", "plain"))
         (out / "ready").write_text("")
     else:
         import time
@@ -139,27 +149,33 @@ def main() -> None:
         classic.uninstall()
     else:
         classic.install(CAP)
+    arguments = {
+        "stage": "sft", "do_train": True, "model_name_or_path": str(model_dir), "trust_remote_code": True,
+        "dataset": "tiny", "dataset_dir": str(data_dir), "template": "empty", "cutoff_len": CUTOFF,
+        "finetuning_type": "full", "output_dir": str(out / f"run{rank}"), "overwrite_output_dir": True,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": GA,
+        "num_train_epochs": 1 if options.mode == "plain" else EPOCHS, "learning_rate": 1e-3,
+        "lr_scheduler_type": "constant", "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+        "use_cpu": True, "seed": 0, "disable_tqdm": True, "overwrite_cache": True, "ddp_timeout": 60,
+        "dataloader_num_workers": 0, "plot_loss": False,
+    }
+    if options.mode == "resume":
+        arguments.update(save_strategy="steps", save_steps=1, output_dir=str(out / "run"))
+        if options.resume_step is not None:
+            arguments["resume_from_checkpoint"] = str(out / "run" / f"checkpoint-{options.resume_step}")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from llamafactory.train.tuner import run_exp
 
-            run_exp({
-                "stage": "sft", "do_train": True, "model_name_or_path": str(model_dir), "trust_remote_code": True,
-                "dataset": "tiny", "dataset_dir": str(data_dir), "template": "empty", "cutoff_len": CUTOFF,
-                "finetuning_type": "full", "output_dir": str(out / f"run{rank}"), "overwrite_output_dir": True,
-                "per_device_train_batch_size": 2, "gradient_accumulation_steps": GA,
-                "num_train_epochs": 1 if options.mode == "plain" else EPOCHS, "learning_rate": 1e-3,
-                "lr_scheduler_type": "constant", "logging_steps": 1, "save_strategy": "no", "report_to": "none",
-                "use_cpu": True, "seed": 0, "disable_tqdm": True, "overwrite_cache": True, "ddp_timeout": 60,
-                "dataloader_num_workers": 0, "plot_loss": False,
-            }, callbacks=[Recorder()])
+            run_exp(arguments, callbacks=[Recorder()])
         record["warnings"] = [str(w.message) for w in caught if "seqbal" in str(w.message)]
     except ValueError as error:
         record["error"] = str(error)
     finally:
         classic.uninstall()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
+    name = "rank" if options.resume_step is None else "resumed"
+    Path(out, f"{name}{rank}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":
