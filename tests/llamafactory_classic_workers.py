@@ -90,7 +90,6 @@ def main() -> None:
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
     out = Path(options.out)
-    os.environ.setdefault("DISABLE_VERSION_CHECK", "1")
     stub_torchaudio()
     import torch
 

@@ -60,13 +60,20 @@ def test_default_cost_is_the_collators_padding():
 
 @pytest.fixture
 def llamafactory():
+    """Skips without llamafactory and transformers; imports neither's trainer here (the runs do,
+    in their own processes)."""
     pytest.importorskip("llamafactory")
     pytest.importorskip("transformers")
+
+
+def import_sft_trainer():
+    """LLaMA-Factory's SFT trainer module, imported in this process (a few seconds)."""
     from .llamafactory_shims import stub_torchaudio
 
     stub_torchaudio()
-    os.environ.setdefault("DISABLE_VERSION_CHECK", "1")
-    return pytest.importorskip("llamafactory.train.sft.trainer")
+    import llamafactory.train.sft.trainer as module
+
+    return module
 
 
 def launch(mode: str, world: int, tmp_path: Path, resume_step: "int | None" = None) -> list[dict]:
@@ -81,8 +88,8 @@ def launch(mode: str, world: int, tmp_path: Path, resume_step: "int | None" = No
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
                    *arguments]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               DISABLE_VERSION_CHECK="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env.pop("DISABLE_VERSION_CHECK", None)  # LLaMA-Factory checks its own pins: they hold
     done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=f"{mode} on {world} rank(s)")
     name = "rank" if resume_step is None else "resumed"
     records = [out / f"{name}{rank}.json" for rank in range(world)]
@@ -163,6 +170,7 @@ def test_a_run_resumed_mid_epoch_trains_exactly_the_rest(llamafactory, tmp_path)
 
 
 def test_install_and_uninstall_restore_only_what_seqbal_bound(llamafactory):
+    sft = import_sft_trainer()
     from transformers.trainer import Trainer
 
     from seqbal.integrations import _llamafactory_classic as classic
@@ -173,7 +181,7 @@ def test_install_and_uninstall_restore_only_what_seqbal_bound(llamafactory):
         assert classic.is_installed() and vars(Trainer)["get_train_dataloader"] is not own
         classic.install(32, max_samples_per_micro_batch=3)  # idempotent: the new settings, the same patch
         assert classic._settings["max_token_len"] == 32 and len(classic._patches) == 1
-        assert llamafactory.CustomSeq2SeqTrainer.get_train_dataloader is vars(Trainer)["get_train_dataloader"]
+        assert sft.CustomSeq2SeqTrainer.get_train_dataloader is vars(Trainer)["get_train_dataloader"]
     finally:
         assert classic.uninstall() == [("Trainer", "get_train_dataloader")]
     assert vars(Trainer)["get_train_dataloader"] is own and not classic.is_installed()
