@@ -1,4 +1,5 @@
-"""One real LLaMA-Factory SFT run (``llamafactory.train.tuner.run_exp``, ``stage: sft``, its
+"""One real LLaMA-Factory SFT run (``llamafactory.train.tuner.run_exp()`` with a YAML config on
+the command line, as ``llamafactory-cli train`` runs it; ``stage: sft``, its
 ``CustomSeq2SeqTrainer``) on CPU, for ``tests/test_llamafactory_classic.py``; launched with
 ``python -m torch.distributed.run`` (or plainly for one rank). Writes one JSON record per rank
 to ``--out``. Nothing is downloaded: a tiny Llama, a word-level tokenizer and an alpaca-format
@@ -12,6 +13,8 @@ Modes:
   the error.
 - ``plain``: seqbal installed and uninstalled again, then the ``overcap`` data through
   LLaMA-Factory's own sampler, 1 epoch; the same records.
+- ``packed``: ``budget`` with LLaMA-Factory's ``neat_packing`` (rows packed up to ``PACKED_CUTOFF``
+  tokens, a block-diagonal attention mask), 1 epoch; records the forwards' shapes.
 - ``resume``: ``budget`` saving a checkpoint every step; with ``--resume-step N``, a fresh launch
   (LLaMA-Factory tears its process group down after a run) that resumes from checkpoint ``N``
   of that run, in the same ``--out``, and writes ``resumed<rank>.json``.
@@ -37,6 +40,7 @@ VOCAB = 128
 SAMPLES = 40
 LONG = CAP + 14
 CUTOFF = 512
+PACKED_CUTOFF = 40
 GA = 2
 EPOCHS = 2
 
@@ -84,7 +88,7 @@ def write_dataset(folder: Path, over: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("budget", "overcap", "plain", "resume"))
+    parser.add_argument("mode", choices=("budget", "overcap", "plain", "resume", "packed"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume-step", type=int, default=None)
     options = parser.parse_args()
@@ -133,10 +137,8 @@ def main() -> None:
             def seen(module, args, kwargs):
                 if module.training:
                     ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
-                    record["forwards"].append({
-                        "shape": list(ids.shape),
-                        "rows": [ids[r][mask[r].bool()].tolist() for r in range(ids.shape[0])],
-                    })
+                    rows = [ids[r][mask[r].bool()].tolist() for r in range(ids.shape[0])] if mask.dim() == 2 else None
+                    record["forwards"].append({"shape": list(ids.shape), "rows": rows})
 
             model.register_forward_pre_hook(seen, with_kwargs=True)
 
@@ -158,6 +160,8 @@ def main() -> None:
         "use_cpu": True, "seed": 0, "disable_tqdm": True, "overwrite_cache": True, "ddp_timeout": 60,
         "dataloader_num_workers": 0, "plot_loss": False,
     }
+    if options.mode == "packed":
+        arguments.update(neat_packing=True, cutoff_len=PACKED_CUTOFF, num_train_epochs=1)
     if options.mode == "resume":
         arguments.update(save_strategy="steps", save_steps=1, output_dir=str(out / "run"))
         if options.resume_step is not None:
@@ -167,7 +171,12 @@ def main() -> None:
             warnings.simplefilter("always")
             from llamafactory.train.tuner import run_exp
 
-            run_exp(arguments, callbacks=[Recorder()])
+            # the documented route: a YAML config on the command line, read by run_exp() as
+            # llamafactory-cli train reads it
+            config = out / f"config{rank}{'' if options.resume_step is None else '-resumed'}.yaml"
+            config.write_text(json.dumps(arguments))  # JSON is YAML
+            sys.argv = [sys.argv[0], str(config)]
+            run_exp(callbacks=[Recorder()])
         record["warnings"] = [str(w.message) for w in caught if "seqbal" in str(w.message)]
     except ValueError as error:
         record["error"] = str(error)

@@ -135,6 +135,19 @@ def test_sft_run_under_the_token_budget(llamafactory, world, tmp_path):
     assert records[0]["plans"][0] != records[0]["plans"][1]  # a fresh shuffle every epoch
 
 
+def test_neat_packing_rows_are_samples_under_the_budget(llamafactory, tmp_path):
+    (r,) = launch("packed", 1, tmp_path)
+    assert "error" not in r, r.get("error")
+    assert r["sampler"] == "LlamaFactoryTokenBudgetBatchSampler"
+    # LLaMA-Factory packs samples into rows padded to cutoff_len; seqbal plans those rows
+    assert set(map(len, r["rows"])) == {workers.PACKED_CUTOFF}
+    assert len(r["forwards"]) == r["len"] == r["global_step"] * workers.GA
+    per_batch = workers.CAP // workers.PACKED_CUTOFF
+    assert sum(f["shape"][0] for f in r["forwards"]) == len(r["rows"])  # every packed row once
+    assert all(f["shape"] == [per_batch, workers.PACKED_CUTOFF] for f in r["forwards"][:-1]), r["forwards"]
+    assert all(f["shape"][0] * f["shape"][1] <= workers.CAP for f in r["forwards"])
+
+
 def test_an_over_long_sample_is_an_error_on_every_rank(llamafactory, tmp_path):
     records = launch("overcap", 2, tmp_path)
     for r in records:
