@@ -55,6 +55,28 @@ def test_default_cost_is_the_collators_padding():
     assert "cutoff_len <= 96" in _length_advice(cost, 100)
 
 
+def test_settings_seqbal_cannot_serve_are_errors_naming_them():
+    from types import SimpleNamespace
+
+    from seqbal.integrations import _llamafactory_classic as classic
+
+    plain = SimpleNamespace(accelerator=SimpleNamespace(dispatch_batches=None, split_batches=False))
+    classic._check_trainer(plain, object())  # LLaMA-Factory's defaults: nothing to say
+    for name in ("dispatch_batches", "split_batches"):
+        trainer = SimpleNamespace(accelerator=SimpleNamespace(**{"dispatch_batches": False, "split_batches": False,
+                                                                 name: True}))
+        with pytest.raises(ValueError, match=name):
+            classic._check_trainer(trainer, object())
+    flash = SimpleNamespace(neat_packing=True, attn_implementation="flash_attention_2")
+    with pytest.raises(ValueError, match="max_samples_per_micro_batch=1"):
+        classic._check_trainer(plain, flash)
+    classic._settings["max_samples_per_micro_batch"] = 1
+    try:
+        classic._check_trainer(plain, flash)  # one packed row per micro-batch: what its collator takes
+    finally:
+        classic._settings.clear()
+
+
 # --- a real LLaMA-Factory SFT run -----------------------------------------------------------
 
 

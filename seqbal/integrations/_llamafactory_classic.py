@@ -23,10 +23,13 @@ when an epoch starts, so a run resumed mid-epoch, where transformers calls accel
 ``skip_first_batches``, skips exactly the batches of that epoch already trained.
 
 Lengths: ``len(input_ids)`` of LLaMA-Factory's tokenized rows (a ``length`` column where the
-dataset has one); with ``packing`` (and ``neat_packing``) a row is a packed sequence and counts
-as one sample. Default cost: padded, each length rounded up to the collator's
-``pad_to_multiple_of`` (LLaMA-Factory pads every training batch to its longest row, rounded up
-to 8), so the cap bounds the tensor the model actually receives.
+dataset has one). With ``packing`` (and ``neat_packing``) LLaMA-Factory packs samples into rows
+padded to ``cutoff_len`` before training; a row counts as one sample, so a micro-batch holds
+``max_token_len // cutoff_len`` rows (rounded to 8). Default cost: padded, each length rounded up
+to the collator's ``pad_to_multiple_of`` (LLaMA-Factory pads every training batch to its longest
+row, rounded up to 8), so the cap bounds the tensor the model actually receives. LLaMA-Factory
+truncates every SFT sample to ``cutoff_len`` when it tokenizes (silently); a sample it keeps that
+is still over the cap is an error here, never cut.
 
 Only ``CustomSeq2SeqTrainer`` (``stage: sft``) is changed; LLaMA-Factory's other classic trainers
 (``pt``, ``rm``, ``dpo``, ``kto``, ``ppo``) keep their own samplers. llamafactory and transformers
@@ -95,9 +98,9 @@ def _length_advice(cost: Any, cap: int) -> str:
     """What to change in LLaMA-Factory's arguments when a row is over the cap. O(1)."""
     step = getattr(cost, "round_to", 1) or 1
     most = cap - cap % step
-    return (f" LLaMA-Factory truncates SFT samples to cutoff_len (and its packing drops longer ones): set "
-            f"cutoff_len <= {most} (max_token_len rounded down to the collator's multiple of {step}) to truncate "
-            "them instead, drop them from the data, or raise max_token_len.")
+    return (f" LLaMA-Factory truncates SFT samples to cutoff_len (silently): set cutoff_len <= {most} "
+            f"(max_token_len rounded down to the collator's multiple of {step}) to have it truncate them, drop "
+            "them from the data, or raise max_token_len.")
 
 
 def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudgetBatchSampler:
