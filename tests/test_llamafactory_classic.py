@@ -67,6 +67,16 @@ def test_settings_seqbal_cannot_serve_are_errors_naming_them():
                                                                  name: True}))
         with pytest.raises(ValueError, match=name):
             classic._check_trainer(trainer, object())
+    class Mesh:  # torch's DeviceMesh as accelerate reads it: named dimensions with sizes
+        mesh_dim_names = ("dp_shard", "tp")
+
+        def __getitem__(self, name):
+            return SimpleNamespace(size=lambda: 2)
+
+    meshed = SimpleNamespace(accelerator=SimpleNamespace(dispatch_batches=None, split_batches=False,
+                                                         torch_device_mesh=Mesh()))
+    with pytest.raises(ValueError, match="tp=2"):
+        classic._check_trainer(meshed, object())
     flash = SimpleNamespace(neat_packing=True, attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="max_samples_per_micro_batch=1"):
         classic._check_trainer(plain, flash)

@@ -85,6 +85,15 @@ def _check_trainer(trainer: Any, collator: Any) -> None:
                 f"seqbal's token budget plans every rank's micro-batches itself; accelerate's {name}=True would "
                 f"split or dispatch them again: turn {name} off (accelerator_config) or uninstall seqbal"
             )
+    mesh = getattr(getattr(accelerator, "state", None), "ds_device_mesh", None) or getattr(
+        accelerator, "torch_device_mesh", None)
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    shared = {name: mesh[name].size() for name in ("tp", "cp") if name in names and mesh[name].size() > 1}
+    if shared:
+        raise ValueError(
+            f"seqbal plans one data-parallel rank per process; this run's device mesh shares inputs across ranks "
+            f"({', '.join(f'{k}={v}' for k, v in shared.items())}): tensor and context parallelism are not supported"
+        )
     if (getattr(collator, "neat_packing", False) and getattr(collator, "attn_implementation", None) == "flash_attention_2"
             and _settings.get("max_samples_per_micro_batch") != 1):
         raise ValueError(
