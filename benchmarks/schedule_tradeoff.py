@@ -61,12 +61,12 @@ def evening_with(constants: dict[str, float]) -> Iterator[None]:
     of the module's; they are set only for the evening's own call, and restored after it."""
     original = slots._even_slots
 
-    def patched(bins: Any, grid: Any) -> None:
+    def patched(bins: Any, grid: Any, budget: Any = None) -> None:
         saved = {name: getattr(slots, name) for name in constants}
         for name, value in constants.items():
             setattr(slots, name, value)
         try:
-            original(bins, grid)
+            original(bins, grid, budget)
         finally:
             for name, value in saved.items():
                 setattr(slots, name, value)

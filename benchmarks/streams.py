@@ -3,6 +3,7 @@
     python -m benchmarks.streams                 # the table of docs/benchmarks.md (60 steps, 8 ranks)
     python -m benchmarks.streams --ticks 20      # shorter
     python -m benchmarks.streams --cost          # a step's planning cost in best-fit-decreasing passes
+    python -m benchmarks.streams --cost --draws 10   # the S step on 10 drawn pools per size
 
 Arrivals: at every tick a Poisson number of GRPO groups finishes generating (whole groups of 8
 drawn from the 100 real groups of seqbal/data/qwen25math_cot_rollouts.txt), about 90% of what
@@ -326,14 +327,36 @@ def table(ticks: int, seed: int, tq_batch: int) -> list[str]:
     return out
 
 
+def _scheduled(planner: StepPlanner) -> StepPlanner:
+    """``planner`` with every ``S`` step planned by ``build_dp_schedule`` on the chosen samples
+    (the planner's own route before it tried the count at the lower bound first)."""
+    planner._at_lower_bound = lambda chosen: None
+    return planner
+
+
+def _step_figures(step: Optional[list[list[list[int]]]], lengths: np.ndarray) -> Optional[tuple[int, float, float]]:
+    """(micro-batches per rank, balance per micro-batch, balance per step) of one step, on
+    seqbal's default workloads (as the run's table); None for no step."""
+    if step is None:
+        return None
+    work = calculate_workload(lengths)
+    cells = np.array([[int(work[mb].sum()) for mb in rank] for rank in step])  # [rank, slot]
+    total = cells.sum()
+    return cells.shape[1], total / (len(step) * cells.max(axis=0).sum()), total / (len(step) * cells.sum(axis=1).max())
+
+
 def cost_table(pools: list[int], rounds: int) -> list[str]:
     """One step's planning CPU time against one BFD pass over the same pool's lengths, interleaved
-    rounds, medians (``python -m benchmarks.streams --cost``)."""
-    lengths = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=np.int64)
-    modes = [("K = 2 x 8 ranks", dict(micro_batches_per_step=K)), ("K = 8 x 8 ranks", dict(micro_batches_per_step=8)),
-             ("S = 512", dict(samples_per_step=512))]
+    rounds, medians (``python -m benchmarks.streams --cost``). ``S = 512`` is measured twice, as
+    it plans now and forced onto ``build_dp_schedule`` (its route before), side by side, with
+    the count and the balance of each one's step."""
+    modes = [("K = 2 x 8 ranks", dict(micro_batches_per_step=K), False),
+             ("K = 8 x 8 ranks", dict(micro_batches_per_step=8), False),
+             ("S = 512", dict(samples_per_step=512), False),
+             ("S = 512 by build_dp_schedule", dict(samples_per_step=512), True)]
     ratios: dict[tuple[int, str], list[float]] = {}
     step_ms: dict[tuple[int, str], list[float]] = {}
+    figures: dict[tuple[int, str], tuple[int, float, float]] = {}
     bfd_ms: dict[int, list[float]] = {}
     rng = np.random.default_rng(0)
     cases = {n: np.concatenate([real_groups()[g] for g in rng.integers(0, 100, n // GROUP)]) for n in pools}
@@ -345,22 +368,79 @@ def cost_table(pools: list[int], rounds: int) -> list[str]:
             best_fit_decreasing_partitions(pool, CAP)
             bfd = time.process_time() - start
             bfd_ms.setdefault(n, []).append(bfd * 1e3)
-            for name, kwargs in modes:
+            for name, kwargs, before in modes:
                 planner = StepPlanner(CAP, RANKS, **kwargs)
+                if before:
+                    _scheduled(planner)
                 planner.add(np.arange(len(pool)), pool, groups=(np.arange(len(pool)) // GROUP).tolist())
                 planner._pool.consolidate()  # the pool as it stands before a step (joined once per step anyway)
                 gc.collect()
                 start = time.process_time()
-                planner.next_step()
+                step = planner.next_step()
                 seconds = time.process_time() - start
                 ratios.setdefault((n, name), []).append(seconds / max(bfd, 1e-9))
                 step_ms.setdefault((n, name), []).append(seconds * 1e3)
-    out = ["| pool (samples) | BFD pass ms | " + " | ".join(f"{name}: ms / BFD passes" for name, _ in modes) + " |",
+                figures[(n, name)] = _step_figures(step, pool)  # deterministic: the same every round
+    out = ["| pool (samples) | BFD pass ms | " + " | ".join(f"{name}: ms / BFD passes" for name, _, _ in modes) + " |",
            "|---|---|" + "---|" * len(modes)]
     for n in pools:
         cells = [f"{statistics.median(step_ms[(n, name)]):.1f} / {statistics.median(ratios[(n, name)]):.2f}"
-                 for name, _ in modes]
+                 for name, _, _ in modes]
         out.append(f"| {n:,} | {statistics.median(bfd_ms[n]):.1f} | " + " | ".join(cells) + " |")
+    out += ["", "| pool (samples) | " + " | ".join(
+        f"{name}: micro-batches per rank / balance per micro-batch / per step" for name, _, _ in modes) + " |",
+        "|---|" + "---|" * len(modes)]
+    for n in pools:
+        out.append(f"| {n:,} | " + " | ".join(
+            "no step" if figures[(n, name)] is None else "{} / {:.4f} / {:.4f}".format(*figures[(n, name)])
+            for name, _, _ in modes) + " |")
+    return out
+
+
+def draws_table(pools: list[int], draws: int, rounds: int) -> list[str]:
+    """The ``S = 512`` step, as planned and by ``build_dp_schedule``, on ``draws`` pools per size
+    (groups drawn with seeds 0, 1, ...): the range over the draws of the BFD passes (medians of
+    ``rounds``), of the micro-batches per rank and of the balance per micro-batch
+    (``python -m benchmarks.streams --cost --draws 10``)."""
+    groups = real_groups()
+    out = ["| pool (samples) | BFD passes | by build_dp_schedule | the same micro-batches per rank | "
+           "balance per micro-batch | by build_dp_schedule | worst ratio of the two |",
+           "|---|---|---|---|---|---|---|"]
+    for n in pools:
+        found: dict[bool, list[tuple[float, int, float]]] = {False: [], True: []}
+        for seed in range(draws):
+            rng = np.random.default_rng(seed)
+            pool = np.concatenate([groups[g] for g in rng.integers(0, 100, n // GROUP)])
+            times: dict[bool, list[float]] = {False: [], True: []}
+            figures = {}
+            for _ in range(rounds):
+                gc.collect()
+                start = time.process_time()
+                best_fit_decreasing_partitions(pool, CAP)
+                bfd = max(time.process_time() - start, 1e-9)
+                for before in (False, True):
+                    planner = StepPlanner(CAP, RANKS, samples_per_step=512)
+                    if before:
+                        _scheduled(planner)
+                    planner.add(np.arange(len(pool)), pool, groups=(np.arange(len(pool)) // GROUP).tolist())
+                    planner._pool.consolidate()
+                    gc.collect()
+                    start = time.process_time()
+                    step = planner.next_step()
+                    times[before].append((time.process_time() - start) / bfd)
+                    figures[before] = _step_figures(step, pool)
+            for before in (False, True):
+                count, balance, _ = figures[before]
+                found[before].append((statistics.median(times[before]), count, balance))
+        now, then = found[False], found[True]
+        same = sum(a[1] == b[1] for a, b in zip(now, then))
+        worst = min(a[2] / b[2] for a, b in zip(now, then))
+
+        def span(rows: list[tuple[float, int, float]], i: int, digits: int) -> str:
+            return f"{min(r[i] for r in rows):.{digits}f} to {max(r[i] for r in rows):.{digits}f}"
+
+        out.append(f"| {n:,} | {span(now, 0, 2)} | {span(then, 0, 2)} | {same} of {draws} | {span(now, 2, 4)} | "
+                   f"{span(then, 2, 4)} | {worst:.4f} |")
     return out
 
 
@@ -372,8 +452,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--cost", action="store_true", help="the planning cost in BFD passes instead")
     parser.add_argument("--pools", type=int, nargs="+", default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--draws", type=int, default=0,
+                        help="with --cost: the S step on this many drawn pools per size instead")
     args = parser.parse_args(argv)
-    lines = cost_table(args.pools, args.rounds) if args.cost else table(args.ticks, args.seed, args.tq_batch)
+    if args.cost and args.draws:
+        lines = draws_table(args.pools, args.draws, args.rounds)
+    else:
+        lines = cost_table(args.pools, args.rounds) if args.cost else table(args.ticks, args.seed, args.tq_batch)
     print("\n".join(lines))
 
 

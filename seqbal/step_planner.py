@@ -8,7 +8,10 @@ decide *what goes into a step* from a pool that fills over time. Two kinds of st
   cap, filled with as many pending tokens as fit, oldest first (:mod:`seqbal.stream.fill`);
 * ``samples_per_step=S``: every step takes exactly ``S`` samples of whole groups, oldest first
   (:mod:`seqbal.stream.exact`), planned into the fewest micro-batches, the same count on every
-  rank (:func:`seqbal.build_dp_schedule`).
+  rank: the count :func:`seqbal.build_dp_schedule` would plan. It is first tried at the lower
+  bound no plan can go below (one capped balanced partition, the usual case, at a few
+  best-fit-decreasing passes of the pool), and only where that fails does the step run
+  ``build_dp_schedule`` itself (its count search costs several passes more on small pools).
 
 The planner's state is what was added and how many steps were taken; everything else is derived
 from it deterministically, so every rank that makes the same adds computes the same steps with
@@ -30,19 +33,25 @@ from typing import Any, Hashable, Optional, Sequence, Union
 import numpy as np
 
 from .cost import CostModel, as_cost_model
-from .partition import capped_balanced_partitions
+from .partition import capped_balanced_partitions, packing_lower_bound, rebalance_within_capacity, roundup_divisible
 from .partition.packing import split_bins_to_count
-from .partition.sample_cap import within_sample_cap
+from .partition.sample_cap import sample_count_bound, within_sample_cap
 from .partition.parts import ceildiv
+from .schedule.slots import SLOT_CLOSE_ENOUGH
 from .stream import Pool, exact_selection, fill_bins, layout_bins
 from .stream.pool import Arrivals
 from .validation import int_argument
 
-__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE"]
 
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
 EVEN_SLOTS_MIN_SAMPLES = 128
+
+#: With ``even_slots=None``, a ``samples_per_step`` step's slot evening makes at most one trade
+#: attempt per this many pending samples: a trade costs about as much as a best-fit-decreasing
+#: pass over this many samples, so the evening stays within a pass or so of the pool's.
+SAMPLES_PER_TRADE = 128
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -75,14 +84,16 @@ class StepPlanner:
             own arrivals: :meth:`next_step` gathers them (one collective per step) before
             planning, so every rank plans the same steps. Indices must be unique across ranks.
             Default None: every rank makes the same adds itself (no collective at all).
-        even_slots: ``micro_batches_per_step`` only: even out every slot's micro-batches across
-            ranks with the global schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`,
-            step 5), or only sort them into slots and place them on ranks. The evening costs
-            about a third of a millisecond per micro-batch of the step whatever the pool, so
-            None (the default) runs it when the pool holds at least
-            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step, where it stays
-            within a few best-fit-decreasing passes over the pool (docs/streams.md has the
-            figures).
+        even_slots: even out every slot's micro-batches across ranks with the global
+            schedule's group moves and swaps (:func:`seqbal.build_dp_schedule`, step 5), or
+            (False) only sort them into slots and place them on ranks. The evening costs about
+            a third of a millisecond per micro-batch of the step whatever the pool, so None
+            (the default) keeps it within a few best-fit-decreasing passes over the pool: a
+            ``micro_batches_per_step`` step runs it when the pool holds at least
+            :data:`EVEN_SLOTS_MIN_SAMPLES` samples per micro-batch of the step; a
+            ``samples_per_step`` step runs it with at most one trade attempt per
+            :data:`SAMPLES_PER_TRADE` pending samples (True: to the end, as
+            ``build_dp_schedule`` does). docs/streams.md has the figures.
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
@@ -290,7 +301,9 @@ class StepPlanner:
                 an index added on two ranks, or the ``max_wait_steps`` bound, on every rank alike.
 
         Complexity: K mode O(p) NumPy work on a pool of p groups plus O(c * K * R) for the c
-        groups it visits; S mode O(p) plus :func:`seqbal.build_dp_schedule` on the S samples.
+        groups it visits; S mode O(p) plus O(c log c) on the c chosen groups and at most
+        p / :data:`SAMPLES_PER_TRADE` trade attempts of the slot evening (or, where the lower
+        bound is not reached, :func:`seqbal.build_dp_schedule` on the S samples).
         """
         if self.dp_group is not None:
             self._gather()
@@ -326,8 +339,11 @@ class StepPlanner:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
 
-    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True) -> tuple[list[int], list[list[list[int]]]]:
-        """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool positions."""
+    def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
+                  budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:
+        """Pool positions of the step's groups, and their layout as ``[rank][slot]`` of pool
+        positions; ``balance=False``: ``bins`` are balanced already, only laid out; ``budget``:
+        the evening's trade attempts, at most."""
         columns = self._pool.columns
         positions = sorted(g for b in bins for g in b)
         local = {g: i for i, g in enumerate(positions)}
@@ -335,7 +351,7 @@ class StepPlanner:
         tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
         parts = [[local[g] for g in b] for b in bins]
         total = per_rank * self.num_replicas
-        if total <= len(positions):  # enough groups for every micro-batch: none left empty
+        if balance and total <= len(positions):  # enough groups for every micro-batch: none left empty
             cost = columns["cost"][where]
             balanced = None
             if not self.cost_model.padded:  # the same groups, re-partitioned for even workloads within the cap
@@ -349,7 +365,7 @@ class StepPlanner:
                 parts = split_bins_to_count(parts, cost, total, weights=work)
         layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
                              self.num_replicas, per_rank, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch, even=even)
+                             max_samples=self.max_samples_per_micro_batch, even=even, budget=budget)
         return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
 
     def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
@@ -367,6 +383,9 @@ class StepPlanner:
         where = np.asarray(chosen, dtype=np.int64)
         ranks = self.num_replicas
         if len(chosen) >= ranks:
+            fewest = self._at_lower_bound(chosen)
+            if fewest is not None:
+                return fewest
             offsets = pool.offsets()
             sizes = columns["samples"][where]
             sample_pos = np.concatenate([np.arange(offsets[g], offsets[g] + sizes[i]) for i, g in enumerate(chosen)])
@@ -388,6 +407,53 @@ class StepPlanner:
                          max_samples=self.max_samples_per_micro_batch)
         bins = [[chosen[i] for i in b] for b in bins if b]
         return self._laid_out(bins, ceildiv(len(bins), ranks))
+
+    def _at_lower_bound(self, chosen: list[int]) -> Optional[tuple[list[int], list[list[list[int]]]]]:
+        """An ``S`` step's groups at the count no plan can go below, or None to plan them with
+        :func:`seqbal.build_dp_schedule`.
+
+        The count is the packing lower bound of the chosen groups (and the bound on samples under
+        the sample cap), rounded up to a multiple of the ranks: no plan has fewer micro-batches,
+        and ``build_dp_schedule`` tries this count first with the same partitioner, so where one
+        capped balanced partition reaches it, the count is the schedule's (never more) with no
+        search for it (the schedule would also pack, and align a second candidate partition, to
+        find the same count). The partition's heaviest micro-batch is then lowered further
+        (:func:`seqbal.partition.rebalance_within_capacity`, to within
+        :data:`seqbal.schedule.slots.SLOT_CLOSE_ENOUGH`) and it is laid out as a ``K`` step is,
+        its slots evened with at most one trade attempt per :data:`SAMPLES_PER_TRADE` pending
+        samples (``even_slots=True``: the evening's own
+        bound; False: none), which keeps a step's cost a bounded number of best-fit-decreasing
+        passes over the pool. Padded and memory cost models, and a partition that misses the
+        count or the sample cap, go to ``build_dp_schedule``: the count is then its count.
+        O(c log c) on the ``c`` chosen groups, plus the evening.
+        """
+        model = self.cost_model
+        if model.padded or model.memory is not None:
+            return None
+        columns, ranks, max_samples = self._pool.columns, self.num_replicas, self.max_samples_per_micro_batch
+        where = np.asarray(chosen, dtype=np.int64)
+        tokens, work, samples = columns["tokens"][where], columns["work"][where], columns["samples"][where]
+        capacity = max(self._capacity(), 1)
+        bound = max(packing_lower_bound(tokens, capacity), ranks)
+        if max_samples is not None:
+            bound = max(bound, sample_count_bound(samples, max_samples))
+        count = roundup_divisible(bound, ranks)
+        if count > len(chosen):
+            return None
+        parts = capped_balanced_partitions(tokens, work, capacity, count)
+        if parts is None or (max_samples is not None and not within_sample_cap(parts, samples, max_samples)):
+            return None
+        # twice the partitioner's own step limit, to the evening's closeness: the fewer trades
+        # the bounded evening then needs (a rebalance step costs a fraction of a trade)
+        tighter = rebalance_within_capacity(parts, tokens, work, capacity, max_steps=4 * count + 64,
+                                            close_enough=SLOT_CLOSE_ENOUGH - 1)
+        if max_samples is None or within_sample_cap(tighter, samples, max_samples):
+            parts = tighter
+        budget = None if self.even_slots else self._pool.samples // SAMPLES_PER_TRADE
+        positions, layout = self._laid_out([[chosen[i] for i in part] for part in parts], count // ranks,
+                                           even=self.even_slots is not False, balance=False, budget=budget)
+        layout.sort(key=lambda rank: min(min(mb) for mb in rank))  # the oldest group on rank 0, as the schedule
+        return positions, layout
 
     # -- checkpoints --------------------------------------------------------------------------
 

@@ -118,6 +118,30 @@ def test_slot_evening_and_rank_polish_keep_every_guarantee(case, moves):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(binned(), st.integers(0, 6))
+def test_a_trade_budget_bounds_the_evening_and_keeps_the_guarantees(case, budget):
+    """``budget`` (what a samples_per_step step passes): at most that many trades, every
+    guarantee kept, and the trades made are the first ones of the unbounded evening."""
+    parts, tokens, work, capacity, dp = case
+    bins = _Bins(parts, tokens, work, capacity, moves=True)
+    slots = _slots_from_bins(bins.parts, bins.bin_work, dp)
+    step = sum(int(bins.bin_work[s].max()) for s in slots)
+    trades: list[tuple[int, int, int]] = []
+    exchange = bins.exchange
+    bins.exchange = lambda group, source, target: trades.append((group, source, target)) or exchange(group, source, target)
+    _even_slots(bins, slots, budget)
+    _check_bins(bins, parts, len(tokens))
+    assert sum(int(bins.bin_work[s].max()) for s in slots) <= step
+    assert len(trades) <= 2 * budget  # a swap is two exchanges
+    full = _Bins(parts, tokens, work, capacity, moves=True)
+    unbounded: list[tuple[int, int, int]] = []
+    exchange_full = full.exchange
+    full.exchange = lambda group, source, target: unbounded.append((group, source, target)) or exchange_full(group, source, target)
+    _even_slots(full, _slots_from_bins(full.parts, full.bin_work, dp))
+    assert unbounded[:len(trades)] == trades
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(binned(), st.sampled_from([1e-6, 1e-4, 1e-2]))
 def test_the_stop_relative_to_the_step_keeps_the_guarantees_and_stops_where_it_says(case, fraction):
     """SLOT_MIN_EXCESS (off as shipped; benchmarks.schedule_tradeoff's variants): the same

@@ -179,7 +179,17 @@ def test_flush_pads_with_dummies_last():
     assert planner.next_step(flush=True) is None
 
 
-def test_samples_per_step_reuses_the_schedule():
+def _step_costs(step, lengths):
+    """(sum over slots of the heaviest micro-batch, heaviest rank): the two step times."""
+    from seqbal import calculate_workload
+
+    work = calculate_workload(np.asarray(lengths))
+    cells = np.array([[int(work[mb].sum()) for mb in rank] for rank in step])  # [rank, slot]
+    return int(cells.max(axis=0).sum()), int(cells.sum(axis=1).max())
+
+
+def test_samples_per_step_matches_the_schedule():
+    """The count at the lower bound: the schedule's step here."""
     from seqbal import build_dp_schedule
 
     lengths = [5, 3, 7, 2, 4, 5, 1, 4]
@@ -188,6 +198,28 @@ def test_samples_per_step_reuses_the_schedule():
     step = planner.next_step()
     schedule = build_dp_schedule(lengths, 2, 10, group_ids=[0, 0, 1, 1, 2, 2, 3, 3])
     assert step == [[list(mb) for mb in rank] for rank in schedule.micro_batches]
+
+
+@pytest.mark.parametrize("max_samples", [None, 16])
+@pytest.mark.parametrize("seed", range(4))
+def test_samples_per_step_has_the_schedules_count(seed, max_samples):
+    """On the shipped rollouts (GRPO groups of 8, 8 ranks): an ``S`` step has as many
+    micro-batches as ``build_dp_schedule`` plans for the same samples, its slots about as even."""
+    from importlib.resources import files
+
+    from seqbal import build_dp_schedule
+
+    rollouts = np.loadtxt(str(files("seqbal") / "data" / "qwen25math_cot_rollouts.txt"), dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rollouts[8 * g:8 * g + 8] for g in rng.integers(0, len(rollouts) // 8, 128)])
+    planner = StepPlanner(16384, 8, samples_per_step=512, max_samples_per_micro_batch=max_samples)
+    planner.add(range(len(lengths)), lengths, groups=(np.arange(len(lengths)) // 8).tolist())
+    step = planner.next_step()
+    schedule = build_dp_schedule(lengths[:512], 8, 16384, force_group_size=8, max_samples_per_micro_batch=max_samples)
+    assert len(step[0]) == schedule.num_micro_batches
+    assert sorted(i for rank in step for mb in rank for i in mb) == list(range(512))
+    scheduled = _step_costs([[list(mb) for mb in rank] for rank in schedule.micro_batches], lengths)
+    assert _step_costs(step, lengths)[0] <= 1.05 * scheduled[0]
 
 
 def test_arguments_are_checked():
@@ -217,4 +249,9 @@ def test_streams_benchmark_runs_and_holds_the_cap():
     assert result["count"] == str(streams.K)
     nextfit = streams.simulate(streams.NextFit(), ticks, CostModel())
     assert nextfit["over"] == 0
-    assert len(streams.cost_table([400], 1)) == 3
+    lines = streams.cost_table([1000], 1)
+    assert len(lines) == 7  # a row of times, a row of counts and balances, headers
+    counts = lines[-1].split(" | ")[3:5]  # the S step as planned, and by build_dp_schedule
+    assert counts[0].split(" / ")[0] == counts[1].split(" / ")[0] == "2"
+    drawn = streams.draws_table([1000], 2, 1)[-1].split(" | ")
+    assert drawn[3] == "2 of 2"  # the same count as build_dp_schedule on every draw

@@ -358,9 +358,10 @@ def _check_sample_cap(
 
 def _aligned_within_samples(
     parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, samples: np.ndarray, capacity: int, dp_size: int,
-    max_samples: int,
+    max_samples: int, budget: Optional[int] = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Steps 4-6 on a partition that meets the sample cap, keeping it. Where every group has as
+    """Steps 4-6 on a partition that meets the sample cap, keeping it (the evening at most
+    ``budget`` trade attempts where given). Where every group has as
     many samples, a swap keeps every micro-batch's sample count, so the evening and the polish
     run with swaps only; otherwise the full alignment runs and is kept where it happens to keep
     the cap, else the slots and ranks are formed with no evening. The cap holds either way."""
@@ -368,11 +369,11 @@ def _aligned_within_samples(
     slots = _slots_from_bins(parts, _part_sums(work, parts), dp_size)
     if len(samples) and bool((samples == samples[0]).all()):
         bins = _Bins(parts, tokens, work, capacity, moves=False)
-        _even_slots(bins, slots)
+        _even_slots(bins, slots, budget)
         grid = _ranks_within_slots(slots, bins.bin_work, dp_size)
         _polish_ranks(bins, grid)
         return bins.parts, grid
-    aligned = _aligned(parts, tokens, work, capacity, dp_size)
+    aligned = _aligned(parts, tokens, work, capacity, dp_size, budget)
     if _sample_cap.within_sample_cap(aligned[0], samples, max_samples):
         return aligned
     return parts, _ranks_within_slots(slots, _part_sums(work, parts), dp_size)

@@ -130,7 +130,7 @@ def _slots_from_bins(parts: list[list[int]], bin_work: Sequence[int], dp: int) -
     return [order[start:start + dp] for start in range(0, len(order), dp)]
 
 
-def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
+def _even_slots(bins: _Bins, slots: list[list[int]], budget: Optional[int] = None) -> None:
     """Lower the sum over slots of each slot's heaviest bin: single-group moves and swaps between
     a slot's heaviest bin and another bin, within the cap, never emptying a bin.
 
@@ -336,7 +336,8 @@ def _even_slots(bins: _Bins, slots: list[list[int]]) -> None:
 
     maxima = np.maximum.reduceat(bin_work[flat_bins], starts)  # every slot's heaviest bin
     room = maxima[slot_of] - bin_work  # how far each bin is below its slot's maximum
-    budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64  # trade attempts in all, failed ones included
+    if budget is None:  # trade attempts in all, failed ones included
+        budget = SLOT_BUDGET_PER_SLOT * len(grid) + 64
 
     def steps_of(s: int) -> int:  # trades of slot s per pass, at most: 4 per group, plus 16
         if 4 * len(grid[s]) + 16 >= SLOT_STEPS:  # no bin is ever empty: no need to count the groups
@@ -458,12 +459,14 @@ def _polish_ranks(bins: _Bins, grid: list[list[int]]) -> None:
 
 
 def _aligned(
-    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int
+    parts: list[list[int]], tokens: np.ndarray, work: np.ndarray, capacity: int, dp_size: int,
+    budget: Optional[int] = None,
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening, ranks, polish."""
+    """Steps 4-6 of :func:`build_dp_schedule` on one partition: slots, evening (at most
+    ``budget`` trade attempts where given), ranks, polish."""
     bins = _Bins(sorted(sorted(part) for part in parts), tokens, work, capacity, moves=True)  # independent of the partitioner
     slots = _slots_from_bins(bins.parts, bins.bin_work, dp_size)
-    _even_slots(bins, slots)
+    _even_slots(bins, slots, budget)
     grid = _ranks_within_slots(slots, bins.bin_work, dp_size)
     _polish_ranks(bins, grid)
     return bins.parts, grid

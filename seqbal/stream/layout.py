@@ -35,6 +35,7 @@ def layout_bins(
     padded: bool = False,
     max_samples: Optional[int] = None,
     even: bool = True,
+    budget: Optional[int] = None,
 ) -> list[list[list[int]]]:
     """``[rank][slot]`` -> group positions, for ``parts`` (at most ``ranks * per_rank`` lists of
     group positions; missing or empty ones become dummies).
@@ -51,6 +52,8 @@ def layout_bins(
         max_samples: the cap on samples per micro-batch, or None.
         even: run the slot evening (group moves and swaps); False: slots cut from the sorted
             micro-batches and placed on ranks only, at a fraction of the cost.
+        budget: at most this many trade attempts in the evening (each a few small NumPy
+            steps); None: the evening's own bound (:data:`seqbal.schedule.slots.SLOT_BUDGET_PER_SLOT`).
 
     Returns:
         ``ranks`` lists of ``per_rank`` lists; slots in the pipeline order of
@@ -61,9 +64,9 @@ def layout_bins(
     full = len(parts) == total and all(parts)
     if full and not padded and ranks > 1 and even:
         if max_samples is None:
-            parts, grid = _aligned(parts, tokens, work, capacity, ranks)
+            parts, grid = _aligned(parts, tokens, work, capacity, ranks, budget)
         else:
-            parts, grid = _aligned_within_samples(parts, tokens, work, samples, capacity, ranks, max_samples)
+            parts, grid = _aligned_within_samples(parts, tokens, work, samples, capacity, ranks, max_samples, budget)
         pipeline = True
     else:
         parts = [sorted(p) for p in parts] + [[] for _ in range(total - len(parts))]
