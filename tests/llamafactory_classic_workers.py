@@ -3,7 +3,8 @@ the command line, as ``llamafactory-cli train`` runs it; ``stage: sft``, its
 ``CustomSeq2SeqTrainer``) on CPU, for ``tests/test_llamafactory_classic.py``; launched with
 ``python -m torch.distributed.run`` (or plainly for one rank). Writes one JSON record per rank
 to ``--out``. Nothing is downloaded: a tiny Llama, a word-level tokenizer and an alpaca-format
-dataset are written to ``--out`` first.
+dataset are written to ``--out`` first. Run with ``tests/llamafactory_cpu`` on ``PYTHONPATH``
+(torchaudio's stand-in: LLaMA-Factory imports torchaudio, whose index build needs CUDA).
 
 Modes:
 - ``budget``: seqbal installed with ``CAP``; 2 epochs; records every training forward's padded
@@ -32,8 +33,6 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.llamafactory_shims import stub_torchaudio  # noqa: E402
 
 CAP = 96
 VOCAB = 128
@@ -94,7 +93,6 @@ def main() -> None:
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
     out = Path(options.out)
-    stub_torchaudio()
     import torch
 
     torch.set_num_threads(1)

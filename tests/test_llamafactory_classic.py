@@ -1,7 +1,8 @@
 """seqbal's token budget inside LLaMA-Factory's classic SFT trainer (``CustomSeq2SeqTrainer``),
 through LLaMA-Factory's own entry point ``run_exp`` on CPU, on 1 rank and on 2 gloo ranks
 (``python -m torch.distributed.run --standalone``); see ``tests/llamafactory_classic_workers.py``
-for what each mode runs.
+for what each mode runs. ``tests/llamafactory_cpu`` (torchaudio's stand-in) goes on
+``PYTHONPATH`` of every LLaMA-Factory process.
 
 The real runs are skipped without llamafactory (CI installs llamafactory 0.9.5 and its pins in
 an environment of their own); the argument checks at the top run everywhere. Every launch has a
@@ -21,6 +22,7 @@ from . import llamafactory_classic_workers as workers
 from .deadline import run_with_deadline
 
 ROOT = Path(__file__).resolve().parent.parent
+SHIMS = ROOT / "tests" / "llamafactory_cpu"
 DEADLINE_S = 240
 
 
@@ -98,11 +100,9 @@ def llamafactory():
     pytest.importorskip("transformers")
 
 
-def import_sft_trainer():
+def import_sft_trainer(monkeypatch):
     """LLaMA-Factory's SFT trainer module, imported in this process (a few seconds)."""
-    from .llamafactory_shims import stub_torchaudio
-
-    stub_torchaudio()
+    monkeypatch.syspath_prepend(str(SHIMS))  # torchaudio's stand-in, if no torchaudio is loaded yet
     import llamafactory.train.sft.trainer as module
 
     return module
@@ -120,7 +120,8 @@ def launch(mode: str, world: int, tmp_path: Path, resume_step: "int | None" = No
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
                    *arguments]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SHIMS), str(ROOT)]), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     env.pop("DISABLE_VERSION_CHECK", None)  # LLaMA-Factory checks its own pins: they hold
     done = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=str(ROOT), env=env, what=f"{mode} on {world} rank(s)")
     name = "rank" if resume_step is None else "resumed"
@@ -214,8 +215,8 @@ def test_a_run_resumed_mid_epoch_trains_exactly_the_rest(llamafactory, tmp_path)
         assert after["forwards"] == before["forwards"][step * workers.GA:]
 
 
-def test_install_and_uninstall_restore_only_what_seqbal_bound(llamafactory):
-    sft = import_sft_trainer()
+def test_install_and_uninstall_restore_only_what_seqbal_bound(llamafactory, monkeypatch):
+    sft = import_sft_trainer(monkeypatch)
     from transformers.trainer import Trainer
 
     from seqbal.integrations import _llamafactory_classic as classic
