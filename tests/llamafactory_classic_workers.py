@@ -103,6 +103,7 @@ def main() -> None:
     from transformers import TrainerCallback
 
     import seqbal.integrations._llamafactory_classic as classic
+    import seqbal.integrations.llamafactory as seqbal_llamafactory  # the public call, for both trainers
 
     model_dir, data_dir = out / "model", out / "data"
     if options.resume_step is not None:
@@ -143,11 +144,9 @@ def main() -> None:
         def on_train_end(self, args, state, control, **kwargs):
             record["global_step"] = state.global_step
 
+    seqbal_llamafactory.install(CAP)
     if options.mode == "plain":
-        classic.install(CAP)
-        classic.uninstall()
-    else:
-        classic.install(CAP)
+        seqbal_llamafactory.uninstall()
     arguments = {
         "stage": "sft", "do_train": True, "model_name_or_path": str(model_dir), "trust_remote_code": True,
         "dataset": "tiny", "dataset_dir": str(data_dir), "template": "empty", "cutoff_len": CUTOFF,
@@ -179,7 +178,7 @@ def main() -> None:
     except ValueError as error:
         record["error"] = str(error)
     finally:
-        classic.uninstall()
+        seqbal_llamafactory.uninstall()
     name = "rank" if options.resume_step is None else "resumed"
     Path(out, f"{name}{rank}.json").write_text(json.dumps(record))
 

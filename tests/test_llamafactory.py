@@ -53,7 +53,7 @@ def _records(tmp_path, ranks: int, scenario: str) -> list[dict]:
 
 @pytest.mark.skipif(importlib.util.find_spec("llamafactory") is not None, reason="LLaMA-Factory is installed")
 def test_install_without_llamafactory_says_what_it_needs():
-    with pytest.raises(ImportError, match="needs LLaMA-Factory's new trainer.*llamafactory 0.9.5"):
+    with pytest.raises(ImportError, match="seqbal.integrations.llamafactory needs .*llamafactory 0.9.5"):
         seqbal_llamafactory.install()
     assert not seqbal_llamafactory.is_installed()
 
@@ -71,15 +71,17 @@ def test_install_names_a_bad_argument(kwargs, name):
 # -- LLaMA-Factory's own BatchGenerator ---------------------------------------------------------
 
 @needs_llamafactory
-def test_install_and_uninstall_swap_only_the_two_dynamic_strategies():
+def test_install_and_uninstall_swap_only_the_two_dynamic_strategies_and_the_classic_dataloader(monkeypatch):
+    monkeypatch.syspath_prepend(SHIMS)  # torchaudio's stand-in, for the classic trainer's imports
     from llamafactory.v1.plugins.trainer_plugins.batching import BatchingPlugin
 
     registry = BatchingPlugin._registry
     before = {name: dict(methods) for name, methods in registry.items()}
     changed = seqbal_llamafactory.install(4096)
     try:
-        assert sorted(changed) == sorted((f"BatchingPlugin({s!r})", m) for s in seqbal_llamafactory.STRATEGIES
-                                         for m in ("fill_buffer", "generate_batch"))
+        assert sorted(changed) == sorted([(f"BatchingPlugin({s!r})", m) for s in seqbal_llamafactory.STRATEGIES
+                                          for m in ("fill_buffer", "generate_batch")]
+                                         + [("Trainer", "get_train_dataloader")])  # the classic trainer's
         assert seqbal_llamafactory.install(2048) == []  # idempotent: only the cap changed
         for name, methods in registry.items():
             for method, function in methods.items():
@@ -168,3 +170,29 @@ def test_the_documented_launcher_trains_from_a_yaml_config(tmp_path):
                        what="docs/llamafactory.md's launcher on 2 ranks")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert (tmp_path / "out" / "config.json").exists()  # run_sft saved the trained model
+
+
+@needs_llamafactory
+def test_the_documented_classic_launcher_trains_from_a_yaml_config(tmp_path):
+    """docs/llamafactory.md's ``train_classic.py`` as written (its cap: 8192), launched on 2 ranks
+    with a ``stage: sft`` YAML config: LLaMA-Factory's ``run_exp`` trains and saves."""
+    from tests.llamafactory_classic_workers import write_dataset, write_model
+
+    text = open(os.path.join(ROOT, "docs", "llamafactory.md"), encoding="utf-8").read()
+    launcher = re.search(r"```python no-run\n(# train_classic\.py\n.*?)```", text, re.S).group(1)
+    (tmp_path / "train_classic.py").write_text(launcher)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "data").mkdir()
+    write_model(tmp_path / "model")
+    write_dataset(tmp_path / "data", over=False)
+    (tmp_path / "sft_config.yaml").write_text(
+        f"stage: sft\ndo_train: true\nmodel_name_or_path: {tmp_path / 'model'}\ndataset: tiny\n"
+        f"dataset_dir: {tmp_path / 'data'}\ntemplate: empty\ncutoff_len: 512\nfinetuning_type: full\n"
+        f"output_dir: {tmp_path / 'out'}\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\n"
+        "num_train_epochs: 1\nlearning_rate: 1.0e-3\nsave_strategy: 'no'\nreport_to: none\nuse_cpu: true\n"
+        "ddp_timeout: 60\ndataloader_num_workers: 0\nplot_loss: false\noverwrite_cache: true\n")
+    result = _torchrun(2, str(tmp_path / "train_classic.py"), str(tmp_path / "sft_config.yaml"),
+                       what="docs/llamafactory.md's classic launcher on 2 ranks")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "seqbal: per_device_train_batch_size=2 no longer limits a micro-batch" in result.stdout + result.stderr
+    assert (tmp_path / "out" / "config.json").exists()  # run_exp saved the trained model

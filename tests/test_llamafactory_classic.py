@@ -57,6 +57,17 @@ def test_default_cost_is_the_collators_padding():
     assert "cutoff_len <= 96" in _length_advice(cost, 100)
 
 
+def test_the_default_cap_is_llamafactorys_own_largest_micro_batch():
+    from types import SimpleNamespace
+
+    from seqbal import CostModel
+    from seqbal.integrations._llamafactory_classic import _own_largest_micro_batch
+
+    args = SimpleNamespace(per_device_train_batch_size=2)
+    assert _own_largest_micro_batch(args, [9, 30, 4], CostModel(padded=True, round_to=8)) == 2 * 32
+    assert _own_largest_micro_batch(args, [9, 30, 4], None) == 2 * 30
+
+
 def test_settings_seqbal_cannot_serve_are_errors_naming_them():
     from types import SimpleNamespace
 

@@ -112,13 +112,24 @@ def _length_advice(cost: Any, cap: int) -> str:
             "them from the data, or raise max_token_len.")
 
 
+def _own_largest_micro_batch(args: Any, lengths: list[int], cost_model: Any) -> int:
+    """The default cap: the cost of the largest micro-batch LLaMA-Factory itself could build,
+    ``per_device_train_batch_size`` copies of the longest row (under ``cost_model``: padded and
+    rounded up to the collator's multiple by default). O(n)."""
+    from ..cost import as_cost_model
+
+    longest = max(lengths) if lengths else 1
+    return as_cost_model(cost_model).cost([longest] * max(1, int(args.per_device_train_batch_size)))
+
+
 def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudgetBatchSampler:
     """The token-budget batch sampler for ``trainer``'s training ``dataset``. Builds on every rank
     (one all-reduce where torch.distributed is initialised and there is more than one rank)."""
     args = trainer.args
     cost_model = _settings.get("cost_model")
     cost_model = _default_cost(collator) if cost_model is None else cost_model
-    cap = _settings["max_token_len"]
+    lengths = dataset_lengths(dataset, getattr(args, "length_column_name", "length"))
+    cap = _settings["max_token_len"] or _own_largest_micro_batch(args, lengths, cost_model)
     if not _warned:
         _warned.append(True)
         warnings.warn(
@@ -130,7 +141,7 @@ def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudg
     finetuning = getattr(trainer, "finetuning_args", None)
     try:
         sampler = LlamaFactoryTokenBudgetBatchSampler(
-            dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
+            lengths,
             cap,
             num_replicas=world,
             rank=args.process_index if world > 1 else 0,
@@ -203,7 +214,7 @@ def _get_train_dataloader(self: Any) -> Any:
 
 
 def install(
-    max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+    max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[tuple[str, str]]:
     """Make LLaMA-Factory's SFT trainer (``CustomSeq2SeqTrainer``) build its training dataloader
     from a token-budget batch sampler under ``max_token_len``. Call it in every training process
@@ -218,7 +229,10 @@ def install(
     rank when the dataloader is built (LLaMA-Factory itself truncates to ``cutoff_len``).
 
     Args:
-        max_token_len: hard cap on every micro-batch's cost (a Python or NumPy integer).
+        max_token_len: hard cap on every micro-batch's cost (a Python or NumPy integer);
+            default None: the cost of the largest micro-batch LLaMA-Factory itself could build,
+            ``per_device_train_batch_size`` rows as long as the longest row, padded as its
+            collator pads (so never more memory than LLaMA-Factory's own worst step).
         cost_model: :class:`seqbal.CostModel` or its name; default the padded cost with lengths
             rounded up to the collator's ``pad_to_multiple_of`` (8 when training), what
             LLaMA-Factory's collator builds.
@@ -241,7 +255,8 @@ def install(
         >>> llamafactory.install(4096)  # doctest: +SKIP
         [('Trainer', 'get_train_dataloader')]
     """
-    max_token_len = _positive_int("max_token_len", max_token_len)
+    if max_token_len is not None:
+        max_token_len = _positive_int("max_token_len", max_token_len)
     if max_samples_per_micro_batch is not None:
         max_samples_per_micro_batch = _positive_int("max_samples_per_micro_batch", max_samples_per_micro_batch)
     if cost_model is not None:

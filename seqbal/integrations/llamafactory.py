@@ -1,5 +1,8 @@
-"""Make LLaMA-Factory's new trainer run exactly ``num_micro_batch`` capped, balanced
-micro-batches per step: one call, :func:`install`, and :func:`uninstall`.
+"""Give both LLaMA-Factory 0.9.5 trainers a hard cap: one call, :func:`install`, and
+:func:`uninstall`. The classic ``CustomSeq2SeqTrainer`` (``llamafactory-cli train``, ``stage:
+sft``) trains from a token-budget batch sampler (:mod:`seqbal.integrations._llamafactory_classic`
+says how); the new trainer runs exactly ``num_micro_batch`` capped, balanced micro-batches per
+step, as follows.
 
 LLaMA-Factory 0.9.5's new trainer (``llamafactory.v1``) takes every step from its
 ``BatchGenerator``, whose batching strategy is a named plug-in (``BatchingPlugin``). Its
@@ -211,45 +214,13 @@ def _strategy_functions(strategy: str) -> dict[str, Callable]:
 
 # -- installing -------------------------------------------------------------------------------
 
-def install(
-    max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
-    max_samples_per_micro_batch: Optional[int] = None,
-) -> list[tuple[str, str]]:
-    """Make LLaMA-Factory's new trainer take its ``dynamic_batching`` and
-    ``dynamic_padding_free`` steps from seqbal. Call it in every training process before the
-    trainer is built (a launcher script that then calls ``run_sft()``). Idempotent; a second
-    call changes the settings.
-
-    Args:
-        max_token_len: hard cap on every micro-batch's cost; default None: LLaMA-Factory's own
-            budget, ``cutoff_len x micro_batch_size``.
-        cost_model: :class:`seqbal.CostModel` or its name; default: padded cost for
-            ``dynamic_batching``, token cost for ``dynamic_padding_free``.
-        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
-            default None.
-
-    Returns:
-        the ``(BatchingPlugin(strategy), method)`` pairs that now point to seqbal.
-
-    Raises:
-        ImportError: LLaMA-Factory's new trainer missing (tested: :data:`TESTED`).
-        ValueError: an argument that is not what it must be, naming it.
-    """
-    from ..validation import int_argument
-
-    cap = int_argument("max_token_len", max_token_len, optional=True, expected="None or a positive int")
-    sample_cap = int_argument("max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True,
-                              expected="None or a positive int")
-    if cost_model is not None:
-        from ..cost import as_cost_model
-
-        as_cost_model(cost_model)  # its ValueError names cost_model
+def _install_new_trainer() -> list[tuple[str, str]]:
+    """Register seqbal's ``fill_buffer`` and ``generate_batch`` for :data:`STRATEGIES`."""
     try:
         module = importlib.import_module(BATCHING_MODULE)
     except ImportError as error:
         raise ImportError(f"seqbal.integrations.llamafactory needs LLaMA-Factory's new trainer "
                           f"(tested: {TESTED}): {type(error).__name__}: {error}") from error
-    _settings.update(max_token_len=cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
     if not _replaced:
         registry = module.BatchingPlugin._registry
         for strategy in STRATEGIES:
@@ -261,23 +232,79 @@ def install(
     return changed
 
 
-def uninstall() -> list[tuple[str, str]]:
-    """Undo :func:`install`; does nothing if seqbal is not installed.
+def install(
+    max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
+    max_samples_per_micro_batch: Optional[int] = None,
+) -> list[tuple[str, str]]:
+    """Give both LLaMA-Factory trainers seqbal's cap: the new trainer's ``dynamic_batching`` and
+    ``dynamic_padding_free`` steps come from :class:`seqbal.StepPlanner`, and the classic
+    ``CustomSeq2SeqTrainer`` builds its training dataloader from a token-budget batch sampler
+    (:mod:`seqbal.integrations._llamafactory_classic`). Call it in every training process
+    before the trainer is built (a launcher script that then calls ``run_sft()`` or
+    ``run_exp()``). Idempotent; a second call changes the settings.
+
+    Args:
+        max_token_len: hard cap on every micro-batch's cost. Default None: LLaMA-Factory's own
+            budget, ``cutoff_len x micro_batch_size`` for the new trainer; for the classic
+            trainer the cost of the largest micro-batch it could build itself,
+            ``per_device_train_batch_size`` rows as long as the longest, padded as its collator pads.
+        cost_model: :class:`seqbal.CostModel` or its name; default: padded cost for
+            ``dynamic_batching`` and the classic trainer (rounded up to its collator's multiple
+            of 8), token cost for ``dynamic_padding_free``.
+        max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
+            default None.
 
     Returns:
-        the ``(BatchingPlugin(strategy), method)`` pairs that point to LLaMA-Factory's own again.
+        the ``(owner, method)`` pairs that now point to seqbal: ``BatchingPlugin(strategy)``
+        methods and transformers' ``Trainer.get_train_dataloader``.
+
+    Raises:
+        ImportError: LLaMA-Factory missing (tested: :data:`TESTED`); nothing is installed.
+        ValueError: an argument that is not what it must be, naming it; nothing is installed.
     """
+    from ..validation import int_argument
+    from . import _llamafactory_classic as classic
+
+    cap = int_argument("max_token_len", max_token_len, optional=True, expected="None or a positive int")
+    sample_cap = int_argument("max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True,
+                              expected="None or a positive int")
+    if cost_model is not None:
+        from ..cost import as_cost_model
+
+        as_cost_model(cost_model)  # its ValueError names cost_model
+    was_classic = classic.is_installed()
+    changed = classic.install(cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+    try:
+        changed += _install_new_trainer()
+    except ImportError:
+        if not was_classic:
+            classic.uninstall()
+        raise
+    _settings.update(max_token_len=cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+    return changed
+
+
+def uninstall() -> list[tuple[str, str]]:
+    """Undo :func:`install` for both trainers; does nothing if seqbal is not installed.
+
+    Returns:
+        the ``(owner, method)`` pairs that point to LLaMA-Factory's and transformers' own again.
+    """
+    from . import _llamafactory_classic as classic
+
     changed: list[tuple[str, str]] = []
     for entry in reversed(_replaced):
         changed.extend(entry.undo())
     _replaced.clear()
     _settings.clear()
-    return changed
+    return changed + classic.uninstall()
 
 
 def is_installed() -> bool:
     """True between :func:`install` and :func:`uninstall`."""
-    return bool(_replaced)
+    from . import _llamafactory_classic as classic
+
+    return bool(_replaced) or classic.is_installed()
 
 
 def installed(
