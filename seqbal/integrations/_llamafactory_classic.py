@@ -45,7 +45,7 @@ from typing import Any, Optional, Union
 
 from ._patching import Patch, apply_all, undo_all
 from .token_budget import TokenBudgetBatchSampler
-from .trl import _FollowsTrainerEpoch, _positive_int, dataset_lengths
+from .trl import _FollowsTrainerEpoch, checked_settings, dataset_lengths
 
 __all__ = ["install", "uninstall", "is_installed", "LlamaFactoryTokenBudgetBatchSampler", "TESTED"]
 
@@ -255,14 +255,8 @@ def install(
         >>> llamafactory.install(4096)  # doctest: +SKIP
         [('Trainer', 'get_train_dataloader')]
     """
-    if max_token_len is not None:
-        max_token_len = _positive_int("max_token_len", max_token_len)
-    if max_samples_per_micro_batch is not None:
-        max_samples_per_micro_batch = _positive_int("max_samples_per_micro_batch", max_samples_per_micro_batch)
-    if cost_model is not None:
-        from ..cost import as_cost_model
-
-        as_cost_model(cost_model)  # its ValueError names cost_model
+    max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
+        max_token_len, cost_model, max_samples_per_micro_batch, cap_optional=True)
     try:
         trainer_class = importlib.import_module(TRAINER_MODULE).CustomSeq2SeqTrainer
         base = importlib.import_module("transformers.trainer").Trainer

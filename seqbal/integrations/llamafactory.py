@@ -262,16 +262,11 @@ def install(
         ImportError: LLaMA-Factory missing (tested: :data:`TESTED`); nothing is installed.
         ValueError: an argument that is not what it must be, naming it; nothing is installed.
     """
-    from ..validation import int_argument
     from . import _llamafactory_classic as classic
+    from .trl import checked_settings
 
-    cap = int_argument("max_token_len", max_token_len, optional=True, expected="None or a positive int")
-    sample_cap = int_argument("max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True,
-                              expected="None or a positive int")
-    if cost_model is not None:
-        from ..cost import as_cost_model
-
-        as_cost_model(cost_model)  # its ValueError names cost_model
+    cap, cost_model, sample_cap = checked_settings(max_token_len, cost_model, max_samples_per_micro_batch,
+                                                   cap_optional=True)
     was_classic = classic.is_installed()
     changed = classic.install(cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
     try:

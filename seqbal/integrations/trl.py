@@ -216,6 +216,23 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def checked_settings(
+    max_token_len: Any, cost_model: Any, max_samples_per_micro_batch: Any, *, cap_optional: bool = False,
+) -> tuple[Optional[int], Any, Optional[int]]:
+    """An adapter's ``install()`` arguments checked before anything is imported or patched:
+    ``(max_token_len, cost_model, max_samples_per_micro_batch)`` with the integers as Python ints.
+    A ``ValueError`` names a bad one; ``cap_optional`` lets ``max_token_len`` be None. O(1)."""
+    if max_token_len is not None or not cap_optional:
+        max_token_len = _positive_int("max_token_len", max_token_len)
+    if max_samples_per_micro_batch is not None:
+        max_samples_per_micro_batch = _positive_int("max_samples_per_micro_batch", max_samples_per_micro_batch)
+    if cost_model is not None:
+        from ..cost import as_cost_model
+
+        as_cost_model(cost_model)  # its ValueError names cost_model
+    return max_token_len, cost_model, max_samples_per_micro_batch
+
+
 def install(
     max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
 ) -> list[tuple[str, str]]:
@@ -245,13 +262,8 @@ def install(
             neither None nor a positive integer, ``cost_model`` not a cost model; each message
             names the argument.
     """
-    max_token_len = _positive_int("max_token_len", max_token_len)
-    if max_samples_per_micro_batch is not None:
-        max_samples_per_micro_batch = _positive_int("max_samples_per_micro_batch", max_samples_per_micro_batch)
-    if cost_model is not None:
-        from ..cost import as_cost_model
-
-        as_cost_model(cost_model)  # its ValueError names cost_model
+    max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
+        max_token_len, cost_model, max_samples_per_micro_batch)
     try:
         module = importlib.import_module(TRAINER_MODULE)
         importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
