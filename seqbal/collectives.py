@@ -259,3 +259,15 @@ def gather_objects(value: Any, group: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, value, group=group)
     return out
+
+
+def first_disagreement(facts: Sequence[Sequence[Any]], names: Sequence[str]) -> Optional[tuple[str, Any, int, Any]]:
+    """The first fact some rank holds differently from rank 0, in gathered ``facts`` (one
+    sequence per rank, in rank order, as :func:`gather_objects` returns them): ``(name, rank 0's
+    value, rank, that rank's value)``, or None when every rank agrees. Every rank computes the
+    same answer from the same gathered facts, so every rank raises alike. O(ranks x facts)."""
+    for rank, theirs in enumerate(facts):
+        for name, mine, their in zip(names, facts[0], theirs):
+            if mine != their:
+                return name, mine, rank, their
+    return None

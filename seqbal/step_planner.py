@@ -240,7 +240,7 @@ class StepPlanner:
     def _gather(self) -> None:
         """With ``dp_group``: every rank's staged arrivals into every rank's pool, in rank order.
         One collective; every check runs on the gathered data, alike on every rank."""
-        from .collectives import gather_objects
+        from .collectives import first_disagreement, gather_objects
 
         facts = (self.max_token_len, self.num_replicas, self.micro_batches_per_step, self.samples_per_step,
                  repr(self.cost_model), self.max_samples_per_micro_batch, self.max_wait_steps, self.steps,
@@ -249,14 +249,14 @@ class StepPlanner:
         everyone = gather_objects((facts, staged), self.dp_group)
         names = ("max_token_len", "num_replicas", "micro_batches_per_step", "samples_per_step", "cost_model",
                  "max_samples_per_micro_batch", "max_wait_steps", "steps taken", "samples pending")
-        for rank, (other, _) in enumerate(everyone):
-            for name, mine, theirs in zip(names, everyone[0][0], other):
-                if mine != theirs:
-                    raise ValueError(
-                        f"the ranks of dp_group disagree: rank 0 has {name}={mine!r}, rank {rank} has {theirs!r}; "
-                        f"every rank must build the same StepPlanner and take every step (this step's arrivals "
-                        f"were not added)"
-                    )
+        differ = first_disagreement([other for other, _ in everyone], names)
+        if differ is not None:
+            name, mine, rank, theirs = differ
+            raise ValueError(
+                f"the ranks of dp_group disagree: rank 0 has {name}={mine!r}, rank {rank} has {theirs!r}; "
+                f"every rank must build the same StepPlanner and take every step (this step's arrivals "
+                f"were not added)"
+            )
         incoming = [a for _, arrivals in everyone for a in arrivals]
         seen: dict[int, int] = {}
         for rank, (_, arrivals) in enumerate(everyone):

@@ -40,12 +40,11 @@ from __future__ import annotations
 
 import importlib
 import warnings
-import weakref
 from typing import Any, Optional, Union
 
 from ._patching import Patch, apply_all, undo_all
 from .token_budget import TokenBudgetBatchSampler
-from .trl import _FollowsTrainerEpoch, checked_settings, dataset_lengths
+from .trl import _FollowsTrainerEpoch, checked_settings, dataset_lengths, sampler_for_trainer
 
 __all__ = ["install", "uninstall", "is_installed", "LlamaFactoryTokenBudgetBatchSampler", "TESTED"]
 
@@ -137,28 +136,18 @@ def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudg
             f"each holds at most max_token_len={cap} tokens under the {cost_model} and as many samples as fit. It "
             "only enters transformers' logged total_train_batch_size.", stacklevel=3,
         )
-    world = max(1, args.world_size)
     finetuning = getattr(trainer, "finetuning_args", None)
-    try:
-        sampler = LlamaFactoryTokenBudgetBatchSampler(
-            lengths,
-            cap,
-            num_replicas=world,
-            rank=args.process_index if world > 1 else 0,
-            seed=args.data_seed if getattr(args, "data_seed", None) is not None else args.seed,
-            shuffle=not getattr(finetuning, "disable_shuffling", False),
-            cost_model=cost_model,
-            gradient_accumulation_steps=args.gradient_accumulation_steps,
-            max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
-        )
-    except ValueError as error:
-        if "exceeds max_token_len" not in str(error):
-            raise
+
+    def advice() -> str:
         from ..cost import as_cost_model
 
-        raise ValueError(f"{str(error).rstrip('.')}.{_length_advice(as_cost_model(cost_model), cap)}") from error
-    sampler._trainer = weakref.ref(trainer)
-    return sampler
+        return _length_advice(as_cost_model(cost_model), cap)
+
+    return sampler_for_trainer(
+        LlamaFactoryTokenBudgetBatchSampler, trainer, lengths, cap, cost_model=cost_model,
+        max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
+        shuffle=not getattr(finetuning, "disable_shuffling", False), advice=advice,
+    )
 
 
 def _get_train_dataloader(self: Any) -> Any:

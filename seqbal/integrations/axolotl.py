@@ -39,11 +39,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import types
-import weakref
 from typing import Any, Iterator, Optional
 
 from .token_budget import TokenBudgetBatchSampler
-from .trl import _FollowsTrainerEpoch
+from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
 __all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable"]
 
@@ -120,20 +119,11 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
     from axolotl.utils.samplers import get_dataset_lengths
 
     settings = self._seqbal_settings
-    world = max(1, args.world_size)
-    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
-    sampler = _sampler_class()(
-        get_dataset_lengths(dataset),
-        settings["max_token_len"],
-        num_replicas=world,
-        rank=args.process_index if world > 1 else 0,
-        seed=seed,
-        shuffle=not getattr(args, "curriculum_sampling", False),
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
+    return sampler_for_trainer(
+        _sampler_class(), self, get_dataset_lengths(dataset), settings["max_token_len"],
         max_samples_per_micro_batch=settings["max_samples_per_micro_batch"],
+        shuffle=not getattr(args, "curriculum_sampling", False),
     )
-    sampler._trainer = weakref.ref(self)
-    return sampler
 
 
 def _forward_takes_loss_kwargs(model: Any) -> bool:

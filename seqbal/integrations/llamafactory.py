@@ -147,12 +147,14 @@ def _fill_buffer(strategy: str, buffer: Any, batch_info: dict, next_samples: Cal
         # Every rank's samples, settings and error in one collective: every check below sees the
         # same data on every rank, so all raise together or none does.
         everyone = gather_objects((facts, error, new), group)
+    from ..collectives import first_disagreement
+
     names = ("max_token_len", "cost model", "num_micro_batch", "data-parallel ranks", "samples pending")
-    for other_rank, (other, _, _) in enumerate(everyone):
-        for name, mine, theirs in zip(names, everyone[0][0], other):
-            if mine != theirs:
-                raise ValueError(f"seqbal: the data-parallel ranks disagree: rank 0 has {name}={mine!r}, "
-                                 f"rank {other_rank} has {theirs!r}; every rank must install seqbal alike")
+    differ = first_disagreement([other for other, _, _ in everyone], names)
+    if differ is not None:
+        name, mine, other_rank, theirs = differ
+        raise ValueError(f"seqbal: the data-parallel ranks disagree: rank 0 has {name}={mine!r}, "
+                         f"rank {other_rank} has {theirs!r}; every rank must install seqbal alike")
     for other_rank, (_, other_error, _) in enumerate(everyone):
         if other_error is not None:
             position, length, cost = other_error

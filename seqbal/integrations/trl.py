@@ -183,26 +183,45 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
     if getattr(self, "model", None) is not None:
         watch_first_training_batch(self.model)
     module = importlib.import_module("transformers.trainer_pt_utils")
-    seed = args.data_seed if getattr(args, "data_seed", None) is not None else args.seed
-    world = max(1, args.world_size)
     cap = _settings["max_token_len"]
+    return sampler_for_trainer(
+        _sampler_class(module.BatchRebalanceSampler), self,
+        dataset_lengths(dataset, getattr(args, "length_column_name", "length")), cap,
+        cost_model=cost_model, max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
+        advice=lambda: _trl_length_advice(args, cap),
+    )
+
+
+def sampler_for_trainer(
+    sampler_class: type, trainer: Any, lengths: Any, max_token_len: int, *, cost_model: Any = None,
+    max_samples_per_micro_batch: Optional[int] = None, shuffle: bool = True,
+    advice: Optional[Callable[[], str]] = None,
+) -> Any:
+    """A :class:`TokenBudgetBatchSampler` (of ``sampler_class``, a subclass that follows the
+    trainer's epoch) for a transformers ``trainer``: its ranks, rank, seed (``data_seed`` first)
+    and ``gradient_accumulation_steps`` from ``trainer.args``. A sample over the cap is the
+    sampler's ``ValueError``, with ``advice()`` (what to change in the trainer's own settings, or
+    ``""``) appended where it says something. Builds on every rank (one all-reduce where the ranks share the plan)."""
+    args = trainer.args
+    world = max(1, args.world_size)
     try:
-        sampler = _sampler_class(module.BatchRebalanceSampler)(
-            dataset_lengths(dataset, getattr(args, "length_column_name", "length")),
-            cap,
+        sampler = sampler_class(
+            lengths,
+            max_token_len,
             num_replicas=world,
             rank=args.process_index if world > 1 else 0,
-            seed=seed,
+            seed=args.data_seed if getattr(args, "data_seed", None) is not None else args.seed,
+            shuffle=shuffle,
             cost_model=cost_model,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
-            max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
+            max_samples_per_micro_batch=max_samples_per_micro_batch,
         )
     except ValueError as error:
-        advice = _trl_length_advice(args, cap) if "exceeds max_token_len" in str(error) else ""
-        if not advice:
+        extra = advice() if advice is not None and "exceeds max_token_len" in str(error) else ""
+        if not extra:
             raise
-        raise ValueError(f"{str(error).rstrip('.')}.{advice}") from error
-    sampler._trainer = weakref.ref(self)
+        raise ValueError(f"{str(error).rstrip('.')}.{extra}") from error
+    sampler._trainer = weakref.ref(trainer)
     return sampler
 
 
