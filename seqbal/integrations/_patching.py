@@ -2,8 +2,9 @@
 
 A trainer method lives on a class (OpenRLHF's ``NaiveReplayBuffer.setup_dynamic_batch``); a
 trainer function lives in a module and may have been copied into other modules by
-``from ... import`` (AReaL's ``allocate_balanced_mbs_synced``). :class:`Patch` replaces an
-attribute of a class or module and records the original; replacing *by identity* in every
+``from ... import`` (AReaL's ``allocate_balanced_mbs_synced``); a plug-in lives in a registry
+dict (LLaMA-Factory's ``BatchingPlugin._registry[strategy]``). :class:`Patch` replaces an
+attribute of a class or module, or an entry of a dict, and records the original; replacing *by identity* in every
 loaded module reaches the copies too. Each adapter binds wrappers of its own (objects made once
 per process), so :meth:`Patch.undo` restores the original only where that wrapper is still bound
 and never touches what someone else put in place since.
@@ -41,32 +42,44 @@ class Patch:
     """One replaced attribute of a class or a module, and how to undo it.
 
     Args:
-        owner: the class or module that holds the attribute.
-        name: the attribute's name.
+        owner: the class or module that holds the attribute, or the dict that holds the entry.
+        name: the attribute's name (the entry's key).
         wrapper: what to bind instead (a function object of the adapter's own).
         everywhere: for a module function, also rebind every loaded module that holds the
             original under any name (``from module import name`` copies it).
+        label: how the owner is named in the returned pairs; default its ``__qualname__`` or
+            ``__name__`` (a dict has neither: give one).
     """
 
-    def __init__(self, owner: Any, name: str, wrapper: Any, everywhere: bool = False) -> None:
+    def __init__(self, owner: Any, name: str, wrapper: Any, everywhere: bool = False, label: str = "") -> None:
         self.owner = owner
         self.name = name
         self.wrapper = wrapper
         self.everywhere = everywhere
+        self.label = label
+        self.original = self._namespace()[name]
+
+    def _namespace(self) -> Any:
         # vars() gives a class's own attribute (not an inherited one), and a module's
-        self.original = vars(owner)[name]
+        return self.owner if isinstance(self.owner, dict) else vars(self.owner)
+
+    def _bind(self, value: Any) -> None:
+        if isinstance(self.owner, dict):
+            self.owner[self.name] = value
+        else:
+            setattr(self.owner, self.name, value)
 
     @property
     def where(self) -> str:
-        return getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", repr(self.owner))
+        return self.label or getattr(self.owner, "__qualname__", None) or getattr(self.owner, "__name__", repr(self.owner))
 
     def apply(self) -> list[tuple[str, str]]:
         """Bind the wrapper; returns the ``(owner, attribute)`` pairs now pointing to it."""
         changed = []
         if self.everywhere:
             changed = rebind_everywhere(self.original, self.wrapper)
-        if vars(self.owner).get(self.name) is not self.wrapper:
-            setattr(self.owner, self.name, self.wrapper)
+        if self._namespace().get(self.name) is not self.wrapper:
+            self._bind(self.wrapper)
             changed.append((self.where, self.name))
         return sorted(set(changed))
 
@@ -75,8 +88,8 @@ class Patch:
         changed = []
         if self.everywhere:
             changed = rebind_everywhere(self.wrapper, self.original)
-        if vars(self.owner).get(self.name) is self.wrapper:
-            setattr(self.owner, self.name, self.original)
+        if self._namespace().get(self.name) is self.wrapper:
+            self._bind(self.original)
             changed.append((self.where, self.name))
         return sorted(set(changed))
 

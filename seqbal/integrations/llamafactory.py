@@ -42,7 +42,7 @@ from typing import Any, Callable, ContextManager, Optional, Union
 
 import numpy as np
 
-from ._patching import installed_while
+from ._patching import Patch, apply_all, installed_while, undo_all
 
 __all__ = ["install", "uninstall", "is_installed", "installed", "TESTED", "STRATEGIES"]
 
@@ -56,28 +56,7 @@ POOL_HEADROOM = 1.25
 BATCHING_MODULE = "llamafactory.v1.plugins.trainer_plugins.batching"
 
 _settings: dict[str, Any] = {}
-_replaced: list["_RegistryEntry"] = []
-
-
-class _RegistryEntry:
-    """One method of one strategy in ``BasePlugin._registry`` (a dict, not an attribute), bound
-    to seqbal's function; :meth:`undo` puts LLaMA-Factory's back only where seqbal's still is."""
-
-    def __init__(self, registry: dict, strategy: str, method: str, wrapper: Callable) -> None:
-        self.registry, self.strategy, self.method, self.wrapper = registry, strategy, method, wrapper
-        self.original = registry[strategy][method]
-
-    def apply(self) -> list[tuple[str, str]]:
-        if self.registry[self.strategy].get(self.method) is self.wrapper:
-            return []
-        self.registry[self.strategy][self.method] = self.wrapper
-        return [(f"BatchingPlugin({self.strategy!r})", self.method)]
-
-    def undo(self) -> list[tuple[str, str]]:
-        if self.registry[self.strategy].get(self.method) is not self.wrapper:
-            return []
-        self.registry[self.strategy][self.method] = self.original
-        return [(f"BatchingPlugin({self.strategy!r})", self.method)]
+_replaced: list[Patch] = []
 
 
 # -- what every step needs --------------------------------------------------------------------
@@ -227,11 +206,8 @@ def _install_new_trainer() -> list[tuple[str, str]]:
         registry = module.BatchingPlugin._registry
         for strategy in STRATEGIES:
             for method, function in _strategy_functions(strategy).items():
-                _replaced.append(_RegistryEntry(registry, strategy, method, function))
-    changed: list[tuple[str, str]] = []
-    for entry in _replaced:
-        changed.extend(entry.apply())
-    return changed
+                _replaced.append(Patch(registry[strategy], method, function, label=f"BatchingPlugin({strategy!r})"))
+    return apply_all(_replaced)
 
 
 def install(
@@ -289,9 +265,7 @@ def uninstall() -> list[tuple[str, str]]:
     """
     from . import _llamafactory_classic as classic
 
-    changed: list[tuple[str, str]] = []
-    for entry in reversed(_replaced):
-        changed.extend(entry.undo())
+    changed = undo_all(_replaced)
     _replaced.clear()
     _settings.clear()
     return changed + classic.uninstall()
