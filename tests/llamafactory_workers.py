@@ -8,7 +8,8 @@ which samples a rank trained. Each rank writes what it saw to ``<out>/rank<r>.js
 Usage: torchrun --standalone --nproc_per_node=N tests/llamafactory_workers.py SCENARIO OUT
   steps      many steps of ``dynamic_batching`` and ``dynamic_padding_free``, and a checkpoint
              of the generator resumed by a second generator;
-  overlong   one sample longer than the cap in rank 1's stream only: every rank must raise.
+  overlong   one sample longer than the cap in rank 1's stream only: every rank must raise;
+  mismatch   rank 1 installs seqbal with another cap: every rank must raise.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main() -> int:
 
     DistributedInterface()  # gloo on this CPU, as LLaMA-Factory's trainer would start it
     rank = int(os.environ["RANK"])
-    seqbal_llamafactory.install()
+    seqbal_llamafactory.install(CAP + 8 if scenario == "mismatch" and rank == 1 else None)
     record: dict = {"rank": rank}
     if scenario == "steps":
         sizes = lengths(overlong=False)
@@ -114,9 +115,9 @@ def main() -> int:
         second = generator("dynamic_batching", sizes)
         second.load_state_dict(state)
         record["resumed"] = steps_of(iter(second), 3, "dynamic_batching")
-    elif scenario == "overlong":
+    elif scenario in ("overlong", "mismatch"):
         try:
-            next(iter(generator("dynamic_batching", lengths(overlong=True))))
+            next(iter(generator("dynamic_batching", lengths(overlong=scenario == "overlong"))))
             record["error"] = None
         except ValueError as error:
             record["error"] = str(error)

@@ -139,6 +139,17 @@ def test_an_overlong_sample_on_one_rank_is_an_error_on_every_rank(tmp_path):
         assert f"exceeds max_token_len {CAP}" in message
 
 
+@needs_llamafactory
+def test_ranks_installed_with_different_caps_all_raise(tmp_path):
+    from tests.llamafactory_workers import CAP
+
+    records = _records(tmp_path, 2, "mismatch")
+    for record in records:
+        message = record["error"]
+        assert message is not None, f"rank {record['rank']} trained on"
+        assert f"rank 0 has max_token_len={CAP}, rank 1 has {CAP + 8}" in message
+
+
 # -- LLaMA-Factory's own SFTTrainer: the documented example ------------------------------------
 
 @needs_llamafactory
