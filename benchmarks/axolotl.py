@@ -9,7 +9,7 @@ default ``excess_length_strategy: drop``).
 - ``axolotl``: ``MultipackBatchSampler`` over a ``RandomSampler``, one bin per micro-batch (axolotl's
   default, ``multipack_real_batches`` off), its count truncated as its ``__len__`` decides, and the
   bins dealt round-robin to the ranks (accelerate's ``BatchSamplerShard``, ``even_batches=False``).
-- ``seqbal``: the plug-in's sampler (:class:`seqbal.integrations.token_budget.TokenBudgetBatchSampler`).
+- ``seqbal``: the plug-in's sampler (:class:`seqbal.epochs.sampler.TokenBudgetBatchSampler`).
 
 Per route: micro-batches per epoch (all ranks) and per rank (``a/b`` when ranks differ: a rank
 with more micro-batches than another waits in a collective the other never reaches, or the trainer
@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from seqbal.integrations.token_budget import TokenBudgetBatchSampler
+from seqbal.epochs.sampler import TokenBudgetBatchSampler
 
 from .trl import length_lists
 

@@ -4,7 +4,7 @@ Part 1, the mix (``python -m benchmarks.sft_epochs``): every real length list of
 ``../shared/data/lengths`` (and the shipped rollouts), caps 8192 and 16384, 8 ranks, 5 epochs,
 for three routes:
 
-- ``seqbal``: :class:`seqbal.integrations.token_budget.TokenBudgetBatchSampler` (a fresh random
+- ``seqbal``: :class:`seqbal.epochs.sampler.TokenBudgetBatchSampler` (a fresh random
   partition every epoch at one count);
 - ``plan once``: the previous release's sampler: :func:`seqbal.build_dp_schedule` once, then
   every epoch permutes the slots and trades samples of equal length (re-implemented here);
@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from seqbal import best_fit_decreasing_partitions, build_dp_schedule, calculate_workload
-from seqbal.integrations.token_budget import TokenBudgetBatchSampler, pack_rows
+from seqbal.epochs.sampler import TokenBudgetBatchSampler, pack_rows
 
 from . import workloads
 from .workloads import REAL_FILES, real_data_dir

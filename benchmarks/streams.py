@@ -128,7 +128,7 @@ def llamafactory_rules() -> Optional[dict[str, Callable]]:
 def verl_split() -> tuple[Callable, str]:
     """verl's per-rank ``rearrange_micro_batches`` with the counts agreed across ranks: verl's
     own where it imports, else seqbal's re-implementation of it."""
-    from seqbal._verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop
+    from seqbal.cli.verl_run import load_verl, reimplemented_strict_loop, verl_strict_loop
 
     code = load_verl()
     if code.module is not None:

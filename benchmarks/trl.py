@@ -11,7 +11,7 @@ One epoch of each length list (seqbal's shipped rollouts and the lists of
   code; it truncates longer samples), one row per forward, rows dealt by ``DistributedSampler``;
 - ``hf-rebalance``: transformers' ``BatchRebalanceSampler`` (its own code), ``B`` samples per
   rank per step on average;
-- ``seqbal``: :class:`seqbal.integrations.token_budget.TokenBudgetBatchSampler` under ``CAP``.
+- ``seqbal``: :class:`seqbal.epochs.sampler.TokenBudgetBatchSampler` under ``CAP``.
 
 Per route: tokens per forward (max, p50), padding if each forward were padded to its longest
 sample, forwards over the cap, steps per epoch (per rank; ``a/b`` when ranks differ), per-step
@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from seqbal.integrations.token_budget import TokenBudgetBatchSampler
+from seqbal.epochs.sampler import TokenBudgetBatchSampler
 
 from .workloads import REAL_FILES, real_data_dir
 

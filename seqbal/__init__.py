@@ -55,7 +55,9 @@ _EXPORTS = {
     "build_dp_schedule": "schedule",
     "DPSchedule": "schedule",
     "balance_batch": "schedule",
-    "StepPlanner": "step_planner",
+    "StepPlanner": "stream",
+    "TokenBudgetBatchSampler": "epochs",
+    "pack_rows": "epochs",
 }
 
 __all__ = list(_EXPORTS)
@@ -100,5 +102,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
         trim_to_window,
     )
     from .schedule import DPSchedule, balance_batch, build_dp_schedule, get_group_balanced_partitions
-    from .step_planner import StepPlanner
+    from .epochs import TokenBudgetBatchSampler, pack_rows
+    from .stream import StepPlanner
     from .workload import calculate_workload, make_workload_fn

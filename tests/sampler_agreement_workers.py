@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import torch.distributed as dist
 
-from seqbal.integrations.token_budget import TokenBudgetBatchSampler, pack_rows
+from seqbal.epochs.sampler import TokenBudgetBatchSampler, pack_rows
 
 BASE = np.random.default_rng(7).integers(20, 900, 600)
 

@@ -963,9 +963,9 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("old", "new", "names"),
     [
-        ("seqbal._length_input", "seqbal.cli.lengths", ["read_lengths", "InputError", "DEFAULT_SAMPLE", "Lengths"]),
-        ("seqbal._verl_run", "seqbal.cli.verl_run", ["load_verl", "verl_strict_loop", "one_pass_0_8", "VerlCode"]),
-        ("seqbal._kk_loop", "seqbal.cli.kk_loop", ["kk_loop_plans", "kk_one_pass_plans", "verl_karmarkar_karp"]),
+        ("seqbal.cli.lengths", "seqbal.cli.lengths", ["read_lengths", "InputError", "DEFAULT_SAMPLE", "Lengths"]),
+        ("seqbal.cli.verl_run", "seqbal.cli.verl_run", ["load_verl", "verl_strict_loop", "one_pass_0_8", "VerlCode"]),
+        ("seqbal.cli.kk_loop", "seqbal.cli.kk_loop", ["kk_loop_plans", "kk_one_pass_plans", "verl_karmarkar_karp"]),
     ],
 )
 def test_the_cli_modules_live_under_the_cli_and_their_old_paths_still_import(old, new, names):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbal import CostModel
-from seqbal.integrations.token_budget import TokenBudgetBatchSampler, pack_rows
+from seqbal.epochs.sampler import TokenBudgetBatchSampler, pack_rows
 
 
 def all_ranks(lengths, cap, world, **kwargs):
@@ -117,7 +117,7 @@ def test_slots_carry_similar_work_on_every_rank():
 
 
 def test_an_epoch_whose_draws_do_not_fit_takes_the_tight_plan(monkeypatch):
-    import seqbal.integrations.token_budget as token_budget
+    import seqbal.epochs.sampler as token_budget
 
     lengths = np.random.default_rng(3).integers(10, 500, 1000).tolist()
     sampler = TokenBudgetBatchSampler(lengths, 4096, num_replicas=2, rank=0, seed=0)

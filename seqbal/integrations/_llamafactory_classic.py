@@ -10,7 +10,7 @@ take a *batch* sampler (transformers 5.24's ``BatchRebalanceSampler`` route, whi
 transformers' ``Trainer.get_train_dataloader`` to one that, for a ``CustomSeq2SeqTrainer`` only
 (every other trainer gets transformers' method unchanged), builds the same ``DataLoader``
 transformers would (its column removal, collator, workers, pinning, worker seeding) but with a
-:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` as its ``batch_sampler``:
+:class:`~seqbal.epochs.sampler.TokenBudgetBatchSampler` as its ``batch_sampler``:
 every micro-batch within ``max_token_len``, the same count on every rank (a multiple of
 ``gradient_accumulation_steps``), slot-balanced across ranks, every sample once per epoch, the
 ranks' lengths and settings checked against each other in one all-reduce when it is built.
@@ -43,7 +43,7 @@ import warnings
 from typing import Any, Optional, Union
 
 from ._patching import Patch, apply_all, undo_all
-from .token_budget import TokenBudgetBatchSampler
+from ..epochs.sampler import TokenBudgetBatchSampler
 from .trl import _FollowsTrainerEpoch, checked_settings, dataset_lengths, sampler_for_trainer
 
 __all__ = ["install", "uninstall", "is_installed", "LlamaFactoryTokenBudgetBatchSampler", "TESTED"]
@@ -61,7 +61,7 @@ _warned: list[bool] = []
 
 
 class LlamaFactoryTokenBudgetBatchSampler(_FollowsTrainerEpoch, TokenBudgetBatchSampler):
-    """:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` that reads the
+    """:class:`~seqbal.epochs.sampler.TokenBudgetBatchSampler` that reads the
     trainer's epoch when the dataloader starts one (accelerate's wrappers do not forward
     ``set_epoch``), so fresh and resumed epochs give the same batches on every rank."""
 

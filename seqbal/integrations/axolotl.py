@@ -9,7 +9,7 @@ on the one trainer axolotl builds (``post_trainer_create``; no class or module i
 there is no ``install``/``uninstall``: a config without the plug-in is axolotl's own behaviour,
 and :func:`disable` unbinds it from a trainer),
 a ``_get_train_sampler`` that returns :class:`AxolotlTokenBudgetBatchSampler`:
-:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` planned once over the
+:class:`~seqbal.epochs.sampler.TokenBudgetBatchSampler` planned once over the
 dataset's global lengths (every packed row within the cap and the bin size, the same count on
 every rank, a multiple of ``gradient_accumulation_steps``, slot ``i`` balanced across ranks),
 yielded as the same global stream axolotl's own sampler yields: slot by slot, rank 0's row,
@@ -41,7 +41,7 @@ import inspect
 import types
 from typing import Any, Iterator, Optional
 
-from .token_budget import TokenBudgetBatchSampler
+from ..epochs.sampler import TokenBudgetBatchSampler
 from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
 __all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable"]

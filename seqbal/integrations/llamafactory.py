@@ -162,7 +162,7 @@ def _generate_batch(strategy: str, buffer: Any, batch_info: dict) -> Optional[li
     """This rank's ``num_micro_batch`` micro-batches of the next step, or None (LLaMA-Factory
     then ends the pass) when the pool cannot fill a step. No collective: every rank plans the
     same step from the same pool. O(pool) plus the step planner's work."""
-    from ..step_planner import StepPlanner
+    from ..stream import StepPlanner
 
     cap, cost_model, sample_cap = _step_settings(batch_info, strategy)
     _, rank, ranks = _data_parallel()

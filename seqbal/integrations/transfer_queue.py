@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from ..step_planner import StepPlanner
+from ..stream import StepPlanner
 
 __all__ = ["StepSampler", "SeqbalSampler", "sampler_class", "TESTED"]
 

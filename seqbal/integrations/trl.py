@@ -5,7 +5,7 @@ transformers 5.24.0 and 5.25.0 build the training dataloader in ``Trainer._get_d
 ``Trainer._get_train_sampler``; a sampler that is a ``BatchRebalanceSampler`` is handed to the
 ``DataLoader`` as its *batch* sampler, and accelerate's re-sharding of it is turned off (it is
 already rank-aware). :func:`install` rebinds ``Trainer._get_train_sampler`` to one that returns a
-:class:`~seqbal.integrations.token_budget.TokenBudgetBatchSampler` of a subclass that is also a
+:class:`~seqbal.epochs.sampler.TokenBudgetBatchSampler` of a subclass that is also a
 ``BatchRebalanceSampler``, so it rides that hook unchanged: every micro-batch within
 ``max_token_len``, the same count on every rank (a multiple of
 ``gradient_accumulation_steps``), slot-balanced across ranks, no collective. That sampler
@@ -52,7 +52,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 from ._packed_attention import unwatch_all, watch_first_training_batch
 from ._patching import Patch, apply_all, installed_while, undo_all
-from .token_budget import TokenBudgetBatchSampler, pack_rows
+from ..epochs.sampler import TokenBudgetBatchSampler, pack_rows
 
 __all__ = [
     "install",

@@ -32,15 +32,17 @@ from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
 
-from .cost import CostModel, as_cost_model
-from .partition import capped_balanced_partitions, packing_lower_bound, rebalance_within_capacity, roundup_divisible
-from .partition.packing import split_bins_to_count
-from .partition.sample_cap import sample_count_bound, within_sample_cap
-from .partition.parts import ceildiv
-from .schedule.slots import SLOT_CLOSE_ENOUGH
-from .stream import Pool, exact_selection, fill_bins, layout_bins
-from .stream.pool import Arrivals
-from .validation import int_argument
+from ..cost import CostModel, as_cost_model
+from ..partition import capped_balanced_partitions, packing_lower_bound, rebalance_within_capacity, roundup_divisible
+from ..partition.packing import split_bins_to_count
+from ..partition.sample_cap import sample_count_bound, within_sample_cap
+from ..partition.parts import ceildiv
+from ..schedule.slots import SLOT_CLOSE_ENOUGH
+from ..validation import int_argument
+from .exact import exact_selection
+from .fill import fill_bins
+from .layout import layout_bins
+from .pool import Arrivals, Pool
 
 __all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE"]
 
@@ -149,7 +151,7 @@ class StepPlanner:
         self.max_wait_steps = int_argument("max_wait_steps", max_wait_steps, optional=True, minimum=0,
                                            expected="None or an int >= 0")
         if dp_group is not None:
-            from .collectives import is_process_group
+            from ..collectives import is_process_group
 
             if not is_process_group(dp_group):
                 raise ValueError(f"dp_group must be a torch.distributed ProcessGroup or None, got {dp_group!r}")
@@ -240,7 +242,7 @@ class StepPlanner:
     def _gather(self) -> None:
         """With ``dp_group``: every rank's staged arrivals into every rank's pool, in rank order.
         One collective; every check runs on the gathered data, alike on every rank."""
-        from .collectives import first_disagreement, gather_objects
+        from ..collectives import first_disagreement, gather_objects
 
         facts = (self.max_token_len, self.num_replicas, self.micro_batches_per_step, self.samples_per_step,
                  repr(self.cost_model), self.max_samples_per_micro_batch, self.max_wait_steps, self.steps,
@@ -369,7 +371,7 @@ class StepPlanner:
         return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
 
     def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
-        from .schedule import build_dp_schedule
+        from ..schedule import build_dp_schedule
 
         pool, target = self._pool, self.samples_per_step
         columns = pool.columns

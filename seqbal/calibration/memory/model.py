@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..cost import CostModel, MemoryCost
+from ...cost import CostModel, MemoryCost
 
 __all__ = ["FEATURES", "MemoryModel", "features", "fit"]
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from ..cost import CostModel
+from ...cost import CostModel
 from .model import FEATURES, MemoryModel, features, fit
 
 __all__ = ["Calibration", "Probe", "calibrate", "default_probes"]

@@ -21,7 +21,7 @@ random draw) takes that plan too, so every epoch keeps every promise.
 Every rank computes the same plan from the same global lengths and settings, deterministically
 by ``(seed, epoch)``. Where torch.distributed is initialised and the plan spans more than one
 rank, the sampler proves that with one small all-reduce when it is built
-(:mod:`seqbal.integrations.same_inputs`), so a rank whose lengths differ by one token is an
+(:mod:`seqbal.epochs.agreement`), so a rank whose lengths differ by one token is an
 error on every rank, not a silent loss of data.
 """
 
@@ -36,7 +36,7 @@ from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bin
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array
-from .same_inputs import agree_or_raise, digest
+from .agreement import agree_or_raise, digest
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 
@@ -299,7 +299,7 @@ class TokenBudgetBatchSampler:
 
     def _tight_from_schedule(self) -> None:
         """The tight plan from :func:`seqbal.build_dp_schedule` (padded cost, sample cap)."""
-        from .. import build_dp_schedule
+        from ..schedule import build_dp_schedule
 
         try:
             schedule = build_dp_schedule(
@@ -458,7 +458,7 @@ def pack_rows(
     agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="pack_rows")
     items = _Items(array, seq_length, "seq_length", cost, 1)
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
-        from .. import build_dp_schedule
+        from ..schedule import build_dp_schedule
 
         schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False)
         return [[list(part) for part in rank_parts] for rank_parts in schedule.micro_batches]
