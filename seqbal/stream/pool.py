@@ -17,7 +17,7 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 
 from ..cost import CostModel
-from ..validation import int_array
+from ..validation import group_keys, int_array
 from ..workload import balance_workloads
 
 #: Per-group columns, in arrival order.
@@ -135,7 +135,7 @@ class Pool:
         if len(length_array) != n:
             raise ValueError(f"indices has {n} entries but lengths has {len(length_array)}")
         if groups is not None:
-            groups = list(groups)
+            groups = group_keys(groups, "groups")  # tensors and arrays: grouped by value
             if len(groups) != n:
                 raise ValueError(f"groups has {len(groups)} entries but indices has {n}")
         values = index_array.tolist()
@@ -154,10 +154,7 @@ class Pool:
         else:
             members: dict[Hashable, list[int]] = {}
             for position, gid in enumerate(groups):
-                try:
-                    members.setdefault(gid, []).append(position)
-                except TypeError:
-                    raise ValueError(f"groups[{position}]={gid!r} is not hashable") from None
+                members.setdefault(gid, []).append(position)
             order = np.fromiter((p for m in members.values() for p in m), dtype=np.int64, count=n)
             sizes = np.fromiter(map(len, members.values()), dtype=np.int64, count=len(members))
             names = list(members)
