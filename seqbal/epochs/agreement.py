@@ -16,6 +16,14 @@ together with an error flag: a rank whose own arguments were invalid joins the c
 instead of raising, so no rank is left waiting in it, and every rank then raises. Only when the
 lengths differ (and their counts agree) does a second all-reduce of the lengths themselves find
 the first sample on which the ranks disagree; that path ends in an error anyway.
+
+Who the ranks are is part of what they must agree on. The check runs wherever the process group
+has more than one rank, whatever ``num_replicas`` says (a rank that believed it was alone and
+skipped the collective would leave its peers in it until the timeout), ``num_replicas`` must be
+the group's size, and every rank's ``rank`` travels in the same all-reduce in a slot of its own
+(``world`` more int64s), so that two ranks claiming one share, which would train it twice and
+another never, are seen alike on every rank. The verdict is :func:`input_disagreement`, a pure
+function of what the all-reduce returned, so every rank reaches the same one.
 """
 
 from __future__ import annotations
