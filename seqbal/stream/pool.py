@@ -268,7 +268,7 @@ class Pool:
             if len(arrays[name]) != expected:
                 raise ValueError(f"{key}[{name!r}] has {len(arrays[name])} entries, but the pool holds {expected} "
                                  f"{'samples' if name == 'lengths' else 'groups'}")
-        if len(samples) and int(samples.min()) < 1 or int(samples.sum()) != n:
+        if (len(samples) and int(samples.min()) < 1) or int(samples.sum()) != n:
             raise ValueError(f"{key}['samples'] must be positive group sizes adding up to the {n} indices, got "
                              f"{samples.tolist()[:8]}{'...' if len(samples) > 8 else ''}")
         if len(arrays["born"]) and (int(arrays["born"].min()) < 0 or (np.diff(arrays["born"]) < 0).any()):
