@@ -115,6 +115,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         records["pack_alone_on_rank_0"] = outcome(
             lambda: pack_rows(LENGTHS, CAP, num_replicas=1 if rank == 0 else world))
         records["pack_agreed"] = outcome(lambda: pack_rows(LENGTHS, CAP, num_replicas=world))
+        records["pack_once_for_the_group"] = outcome(lambda: pack_rows(LENGTHS, CAP, num_replicas=1))
         records["trainer_alone_on_rank_0"] = outcome(lambda: len(sampler_for_trainer(
             TokenBudgetBatchSampler, FakeTrainer(1 if rank == 0 else world, 0 if rank == 0 else rank), LENGTHS, CAP)))
         for scenario in PLANNER_SCENARIOS:

@@ -97,6 +97,10 @@ def test_agreeing_ranks_train_every_sample_once_per_epoch(world, scenario):
         assert trained == list(range(90)), f"epoch {epoch}: trained twice or never"
     rows = [record["pack_agreed"] for record in records]
     assert all(r["ok"] for r in rows) and all(r["value"] == rows[0]["value"] for r in rows)
+    # num_replicas=1 on every rank packs once for the whole group (rows shared out afterwards)
+    once = [record["pack_once_for_the_group"] for record in records]
+    assert all(r["ok"] for r in once) and all(r["value"] == once[0]["value"] for r in once), once
+    assert len(once[0]["value"]) == 1 and sorted(i for row in once[0]["value"][0] for i in row) == list(range(90))
 
 
 def test_a_flush_on_one_rank_alone_is_an_error_on_every_rank_before_any_step(world):

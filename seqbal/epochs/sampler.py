@@ -445,7 +445,9 @@ def pack_rows(
     Where torch.distributed is initialised and ``process_group`` (default: the default group)
     has more than one rank, call it on every rank of that group, whatever ``num_replicas`` says:
     the ranks check in one all-reduce that they pass the same lengths and arguments and that
-    ``num_replicas`` is the group's size, and all raise the same ``ValueError`` if not.
+    ``num_replicas`` is the group's size or, on every rank alike, 1 (rows packed once for the
+    whole group, to be shared out afterwards, e.g. by a ``DistributedSampler`` over the rows),
+    and all raise the same ``ValueError`` if not.
 
     Returns:
         ``[rank][row]``: ascending sample indices per row; every rank has the same number of
@@ -472,8 +474,10 @@ def pack_rows(
                           empty="lengths is empty: the dataset has no sample to pack")
     except ValueError as caught:
         error = caught
+    # num_replicas=1 on every rank is packing once for the group (compared like every setting);
+    # any other count must be the group's size.
     agree_or_raise(list(settings.items()), array, error, process_group, who="pack_rows",
-                   num_replicas=settings["num_replicas"])
+                   num_replicas=None if settings["num_replicas"] == 1 else settings["num_replicas"])
     items = _Items(array, seq_length, "seq_length", cost, 1)
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
         from ..schedule import build_dp_schedule
