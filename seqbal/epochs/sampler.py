@@ -32,7 +32,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins
+from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array
@@ -46,7 +46,7 @@ FRESH_COUNT_SLACK = 0.01
 #: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
 #: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
 #: tight for a deal.
-DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03))
+DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03), ("swaps", 0.0))
 
 
 def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
@@ -339,7 +339,12 @@ class TokenBudgetBatchSampler:
         items = self._items
         if kind == "deal":
             return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
-        return noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
+        if kind == "swaps":
+            if count != self.count:
+                return None
+            return swap_mix(self._tight_bins, items.additive, items.capacity, rng)
+        bins = noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
+        return None if bins is None else swap_mix(bins, items.additive, items.capacity, rng)
 
     def __len__(self) -> int:
         """Micro-batches per rank per epoch (the same on every rank and in every epoch). O(1)."""

@@ -1,26 +1,30 @@
-"""Fill a fixed number of capped micro-batches from a pool of groups, oldest first.
+"""Fill a fixed number of capped micro-batches from a pool of groups: as many pending tokens as
+fit, the oldest first where that costs (almost) nothing.
 
 A trainer with a fixed count (``K`` micro-batches on each of ``R`` ranks) wants every step as
 full as the cap allows, and no sample left behind for ever. Exact maximum filling is a
-multiple-knapsack problem; this is a greedy in three phases, each a best fit (a group goes to
-the fullest micro-batch it still fits in, so large holes stay open for large groups):
+multiple-knapsack problem; this is a greedy, each placement a best fit (a group goes to the
+fullest micro-batch it still fits in, so large holes stay open for large groups). The
+``mandatory`` oldest groups (each fits alone, at most one per micro-batch) are always placed
+first: this is what bounds every group's wait (:class:`seqbal.StepPlanner`'s
+``max_wait_steps``). Then two fills of the rest are built and one is kept:
 
-0. **fast path** (token cost, no sample cap): one best-fit-decreasing pass over the oldest
-   groups up to the step's capacity in tokens; if they fit in ``count`` micro-batches, they are
-   the step so far (phases 1 and 2 are then done);
-1. **the oldest groups, mandatory**: the ``mandatory`` oldest groups (at most one per
-   micro-batch) in decreasing size. Best fit opens an empty micro-batch only when a group fits
-   nowhere else, and each group fits alone, so all of them are always placed: this is what
-   bounds every group's wait (:class:`seqbal.StepPlanner`'s ``max_wait_steps``);
-2. **a window of the next oldest groups**, as many as the room left could hold, in decreasing
-   size (best-fit decreasing packs much tighter than arrival order); those that do not fit wait;
-3. **younger groups into the gaps**, in arrival order, skipping those that fit nowhere; the
-   scan stops as soon as no micro-batch has room for the smallest group left.
+* **oldest first**: the next oldest groups, as many as the room left could hold, best-fit
+  decreasing (with the token cost and no sample cap, one library pass over the mandatory groups
+  and this window, when that fits ``count`` micro-batches), then younger groups into the gaps in
+  arrival order;
+* **fullest**: every other pending group in decreasing size (older first among equals), each
+  where it fits best, skipping those that fit nowhere: first-fit-decreasing quality over the
+  whole pool.
 
-Phase 3 is where a large pool would cost: the groups that cannot fit any micro-batch's room
-are dropped in one vectorised comparison first, and the loop only visits the others. Cost:
-O(p) NumPy work on a pool of ``p`` groups plus O(c log c) for the ``c`` groups visited, each
-placement an O(bins) vectorised best-fit.
+Oldest first is kept when it places at least :data:`OLDEST_FIRST_SHARE` of the fullest fill's
+cost; else the fullest. Why both: oldest first alone blocks better fits when few large groups
+wait (the oldest, one per micro-batch, leave holes nothing younger fits in arrival order);
+fullest alone would let old mid-sized groups wait behind every large arrival.
+
+Cost: O(p log p) NumPy work on a pool of ``p`` groups (the sort), plus O(c * count) for the
+``c`` groups placed or visited: groups that cannot fit any micro-batch's room are skipped by a
+binary search (token cost) or one vectorised comparison (other costs), not visited.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from typing import Optional
 import numpy as np
 
 from ..partition.packing import _best_fit_decreasing
+
+#: The oldest-first fill is kept when it places at least this share of the fullest fill's cost.
+OLDEST_FIRST_SHARE = 0.99
 
 
 class _Bins:
@@ -127,11 +134,74 @@ def fill_bins(
         max_samples: a cap on the samples of a micro-batch, or None.
 
     Returns:
-        ``count`` lists of group positions (some possibly empty), each within both caps.
+        ``count`` lists of group positions (some possibly empty), each within both caps; every
+        group left out fits in no micro-batch's room.
 
     >>> fill_bins(np.array([6, 5, 4, 3, 2]), np.ones(5, np.int64), np.array([6, 5, 4, 3, 2]), 2, 8, mandatory=2)
     [[0, 4], [1, 3]]
+    >>> fill_bins(np.array([3, 3, 5, 5]), np.ones(4, np.int64), np.array([3, 3, 5, 5]), 2, 8, mandatory=1)
+    [[0, 2], [3]]
     """
+    oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
+    if mandatory >= len(cost):
+        return [sorted(members) for members in oldest.members]
+    fullest = _fullest(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
+    kept = oldest
+    if _placed_cost(oldest, cost) < OLDEST_FIRST_SHARE * _placed_cost(fullest, cost):
+        kept = fullest
+    return [sorted(members) for members in kept.members]
+
+
+def _placed_cost(bins: _Bins, cost: np.ndarray) -> int:
+    placed = [g for members in bins.members for g in members]
+    return int(cost[placed].sum()) if placed else 0
+
+
+def _place_mandatory(bins: _Bins, cost_list: list, samples_list: list, longest_list: list, mandatory: int) -> None:
+    for g in sorted(range(mandatory), key=lambda g: (-cost_list[g], g)):
+        if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
+            raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+
+
+def _fullest(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+             mandatory: int, padded: bool, max_samples: Optional[int]) -> _Bins:
+    """The mandatory groups, then every other group in decreasing cost (older first among
+    equals), each by best fit, those that fit nowhere skipped."""
+    bins = _Bins(count, capacity, padded, max_samples)
+    cost_list, samples_list, longest_list = cost.tolist(), samples.tolist(), longest.tolist()
+    _place_mandatory(bins, cost_list, samples_list, longest_list, mandatory)
+    rest = np.arange(mandatory, len(cost))
+    order = rest[np.lexsort((rest, -cost[rest]))]
+    if not padded and bins.unlimited:
+        # costs descending: the first group that fits the roomiest micro-batch is a binary search
+        ascending = -cost[order]
+        position = 0
+        while position < len(order):
+            room = capacity - min(bins.load)
+            position = max(position, int(np.searchsorted(ascending, -room, side="left")))
+            if position >= len(order):
+                break
+            g = int(order[position])
+            bins.place(g, cost_list[g], samples_list[g], longest_list[g])
+            position += 1
+        return bins
+    order = order[bins.could_fit(cost[order], samples[order], longest[order])]
+    if len(order):
+        low_cost = np.minimum.accumulate(cost[order][::-1])[::-1].tolist()
+        low_samples = np.minimum.accumulate(samples[order][::-1])[::-1].tolist()
+        low_longest = np.minimum.accumulate(longest[order][::-1])[::-1].tolist()
+        for position, g in enumerate(order.tolist()):
+            if bins.place(g, cost_list[g], samples_list[g], longest_list[g]) and position + 1 < len(order):
+                nxt = position + 1
+                if bins.full_for(low_cost[nxt], low_samples[nxt], low_longest[nxt]):
+                    break
+    return bins
+
+
+def _oldest_first(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+                  mandatory: int, padded: bool, max_samples: Optional[int]) -> _Bins:
+    """The mandatory groups, a window of the next oldest best-fit decreasing, then younger
+    groups into the gaps in arrival order."""
     groups = len(cost)
     bins = _Bins(count, capacity, padded, max_samples)
     cost_list, samples_list, longest_list = cost.tolist(), samples.tolist(), longest.tolist()
@@ -155,9 +225,7 @@ def fill_bins(
             bins.longest[b] = int(longest[members].max())
             bins.members[b] = list(members)
     else:
-        for g in by_size(range(start)):
-            if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
-                raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+        _place_mandatory(bins, cost_list, samples_list, longest_list, start)
         room = count * capacity - sum(bins.load)
         window_end = start + int(np.searchsorted(np.cumsum(cost[start:]), room, side="right"))
         window_end = min(groups, max(window_end, start + 1))
@@ -176,4 +244,4 @@ def fill_bins(
                     nxt = position + 1
                     if bins.full_for(low_cost[nxt], low_samples[nxt], low_longest[nxt]):
                         break
-    return [sorted(members) for members in bins.members]
+    return bins

@@ -334,12 +334,36 @@ class StepPlanner:
         if groups == 0 or (groups < count and not flush):
             return None
         bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
-                         mandatory=min(groups, count), padded=self.cost_model.padded,
+                         mandatory=self._mandatory(count), padded=self.cost_model.padded,
                          max_samples=self.max_samples_per_micro_batch)
         even = self.even_slots
         if even is None:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
+
+    def _mandatory(self, count: int) -> int:
+        """How many of the oldest groups this ``K`` step must take: the oldest one (so that no
+        group waits for ever), every group of a pool that cannot fill the step, and with
+        ``max_wait_steps`` as many as keep every later deadline reachable.
+
+        A group that arrived before step ``b`` must leave by step ``b + w``; a step can always
+        take ``count`` groups (one per micro-batch). Taking the oldest ``m`` now, where ``m`` is
+        the largest ``D_h - h x count`` over the horizons ``h`` (``D_h``: the groups due by step
+        ``t + h``), leaves at most ``h x count`` groups due within the next ``h`` steps, for
+        every ``h``: the invariant every later step finds, since arrivals are due ``w`` steps
+        after they come and the admission bound keeps the pool within ``(w + 1) x count``.
+        O(p) on a pool of ``p`` groups.
+        """
+        groups = self._pool.group_count
+        if groups <= count:
+            return groups
+        w = self.max_wait_steps
+        if w is None:
+            return 1
+        born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
+        horizon = born + w - self.steps  # steps from now to each group's last step
+        due = np.arange(1, groups + 1) - horizon * count  # groups due by that horizon, minus what fits before
+        return int(min(count, max(1, int(due.max()))))
 
     def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
                   budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:
