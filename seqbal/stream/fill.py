@@ -145,10 +145,16 @@ def fill_bins(
     oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
     if mandatory >= len(cost):
         return [sorted(members) for members in oldest.members]
-    fullest = _fullest(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
-    kept = oldest
-    if _placed_cost(oldest, cost) < OLDEST_FIRST_SHARE * _placed_cost(fullest, cost):
-        kept = fullest
+    kept, best = oldest, _placed_cost(oldest, cost)
+    threshold = best / OLDEST_FIRST_SHARE
+    for first in (True, False):
+        fullest = _fullest(cost, samples, longest, count, capacity, mandatory if first else 0, padded, max_samples)
+        placed = {g for members in fullest.members for g in members}
+        if not first and not all(g in placed for g in range(mandatory)):
+            continue  # the mandatory groups in their decreasing places: only where they all fit
+        value = _placed_cost(fullest, cost)
+        if value > threshold and value > best:
+            kept, best = fullest, value
     return [sorted(members) for members in kept.members]
 
 

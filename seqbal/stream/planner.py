@@ -44,7 +44,7 @@ from .fill import fill_bins
 from .layout import layout_bins
 from .pool import Arrivals, Pool
 
-__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE", "OLDEST_PATIENCE"]
 
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
@@ -54,6 +54,10 @@ EVEN_SLOTS_MIN_SAMPLES = 128
 #: attempt per this many pending samples: a trade costs about as much as a best-fit-decreasing
 #: pass over this many samples, so the evening stays within a pass or so of the pool's.
 SAMPLES_PER_TRADE = 128
+
+#: Without ``max_wait_steps``, a ``micro_batches_per_step`` step takes the oldest pending group
+#: once it has waited this many steps (else it takes whatever fills the step best).
+OLDEST_PATIENCE = 4
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -333,37 +337,59 @@ class StepPlanner:
         count = k * ranks
         if groups == 0 or (groups < count and not flush):
             return None
-        bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
-                         mandatory=self._mandatory(count), padded=self.cost_model.padded,
-                         max_samples=self.max_samples_per_micro_batch)
+        first, safe = self._mandatory(count)
+        for mandatory in dict.fromkeys((first, safe)):
+            bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
+                             mandatory=mandatory, padded=self.cost_model.padded,
+                             max_samples=self.max_samples_per_micro_batch)
+            if mandatory == safe or self._reachable_after(bins, count):
+                break
         even = self.even_slots
         if even is None:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
 
-    def _mandatory(self, count: int) -> int:
-        """How many of the oldest groups this ``K`` step must take: the oldest one (so that no
-        group waits for ever), every group of a pool that cannot fill the step, and with
-        ``max_wait_steps`` as many as keep every later deadline reachable.
+    def _mandatory(self, count: int) -> tuple[int, int]:
+        """How many of the oldest groups this ``K`` step must take: a first try and a safe one.
 
-        A group that arrived before step ``b`` must leave by step ``b + w``; a step can always
-        take ``count`` groups (one per micro-batch). Taking the oldest ``m`` now, where ``m`` is
-        the largest ``D_h - h x count`` over the horizons ``h`` (``D_h``: the groups due by step
-        ``t + h``), leaves at most ``h x count`` groups due within the next ``h`` steps, for
-        every ``h``: the invariant every later step finds, since arrivals are due ``w`` steps
-        after they come and the admission bound keeps the pool within ``(w + 1) x count``.
-        O(p) on a pool of ``p`` groups.
+        Every group of a pool that cannot fill the step (both). Without ``max_wait_steps``: the
+        oldest group once it has waited :data:`OLDEST_PATIENCE` steps (so none waits for ever),
+        else none. With ``max_wait_steps=w``, first the groups due now, then (where the step
+        that took those leaves a later deadline out of reach) the safe number ``m``: a group that
+        arrived before step ``b`` must leave by step ``b + w``, and a step can always take
+        ``count`` groups (one per micro-batch); ``m`` is the largest ``D_h - h x count`` over the
+        horizons ``h`` (``D_h``: the groups due by step ``t + h``), so that at most
+        ``h x count`` groups are due within the next ``h`` steps, for every ``h``: the invariant
+        every later step finds (arrivals are due ``w`` steps after they come, and the admission
+        bound keeps the pool within ``(w + 1) x count``). O(p) on a pool of ``p`` groups.
         """
         groups = self._pool.group_count
         if groups <= count:
-            return groups
+            return groups, groups
+        born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
         w = self.max_wait_steps
         if w is None:
-            return 1
-        born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
+            first = int(self.steps - int(born[0]) >= OLDEST_PATIENCE)
+            return first, first
         horizon = born + w - self.steps  # steps from now to each group's last step
+        due_now = int(np.searchsorted(horizon, 0, side="right"))
         due = np.arange(1, groups + 1) - horizon * count  # groups due by that horizon, minus what fits before
-        return int(min(count, max(1, int(due.max()))))
+        safe = int(min(count, max(due_now, int(due.max()))))
+        return due_now, safe
+
+    def _reachable_after(self, bins: list[list[int]], count: int) -> bool:
+        """Whether every deadline stays reachable after a step that takes ``bins``: the safe
+        number of :meth:`_mandatory` at the next step would be at most ``count``. O(p)."""
+        born = self._pool.columns["born"]
+        left = np.ones(len(born), dtype=bool)
+        taken = [g for b in bins for g in b]
+        if taken:
+            left[np.asarray(taken, dtype=np.int64)] = False
+        if not left.any():
+            return True
+        horizon = born[left] + self.max_wait_steps - (self.steps + 1)
+        due = np.arange(1, int(left.sum()) + 1) - horizon * count
+        return int(due.max()) <= count and int(horizon.min()) >= 0
 
     def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
                   budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:
