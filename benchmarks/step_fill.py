@@ -100,7 +100,7 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
             group = waiting.pop(0)
             ids = list(range(next_id * GROUP, next_id * GROUP + GROUP))
             planner.add(ids, group.tolist(), groups=[next_id] * GROUP)
-            pending[next_id] = (int(group.sum()), step)
+            pending[next_id] = (int(group.sum()), planner.steps)
             next_id += 1
         tokens = [t for t, _ in pending.values()]
         reference = ffd_tokens(tokens, K * RANKS, CAP)
@@ -114,7 +114,7 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
         if sum(tokens) > capacity:
             ratios.append(placed / reference)
         for g in taken:
-            waits.append(step - pending.pop(g)[1])
+            waits.append(planner.steps - 1 - pending.pop(g)[1])
     return {"ratios": ratios, "waits": waits, "times": times}
 
 

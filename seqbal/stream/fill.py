@@ -119,7 +119,8 @@ def fill_bins(
     mandatory: int,
     padded: bool = False,
     max_samples: Optional[int] = None,
-) -> list[list[int]]:
+    quota: Optional[tuple[int, int]] = None,
+) -> Optional[list[list[int]]]:
     """Fill ``count`` micro-batches from groups given in arrival order (see the module docstring).
 
     Args:
@@ -132,10 +133,14 @@ def fill_bins(
         mandatory: the first ``mandatory`` groups are always placed.
         padded: padded cost (``samples x longest``) instead of summed tokens.
         max_samples: a cap on the samples of a micro-batch, or None.
+        quota: ``(prefix, needed)``: at least ``needed`` (<= ``count``) of the first ``prefix``
+            groups must be placed, any of them; None: no such demand.
 
     Returns:
         ``count`` lists of group positions (some possibly empty), each within both caps; every
-        group left out fits in no micro-batch's room.
+        group left out fits in no micro-batch's room. None only with a ``quota`` no candidate
+        met (a cost model other than plain tokens: the caller then makes those groups
+        mandatory).
 
     >>> fill_bins(np.array([6, 5, 4, 3, 2]), np.ones(5, np.int64), np.array([6, 5, 4, 3, 2]), 2, 8, mandatory=2)
     [[0, 4], [1, 3]]
@@ -147,14 +152,24 @@ def fill_bins(
         return [sorted(members) for members in oldest.members]
     kept, best = oldest, _placed_cost(oldest, cost)
     threshold = best / OLDEST_FIRST_SHARE
-    for first in (True, False):
-        fullest = _fullest(cost, samples, longest, count, capacity, mandatory if first else 0, padded, max_samples)
-        placed = {g for members in fullest.members for g in members}
-        if not first and not all(g in placed for g in range(mandatory)):
-            continue  # the mandatory groups in their decreasing places: only where they all fit
+    candidates = [_fullest(cost, samples, longest, count, capacity, mandatory, padded, max_samples)]
+    if (mandatory or quota is not None) and not padded and max_samples is None:
+        candidates.append(_reserving(cost, samples, longest, count, capacity, mandatory, quota or (mandatory, 0)))
+        if mandatory and quota is None:
+            exchanged = _exchanged(cost, count, capacity, mandatory)
+            if exchanged is not None:
+                candidates.append(exchanged)
+    if quota is not None:
+        prefix, needed = quota
+        if sum(g < prefix for members in oldest.members for g in members) < needed:
+            kept, best, threshold = None, -1, -1
+        candidates = [c for c in candidates if sum(g < prefix for members in c.members for g in members) >= needed]
+    for fullest in candidates:
         value = _placed_cost(fullest, cost)
         if value > threshold and value > best:
             kept, best = fullest, value
+    if kept is None:
+        return None
     return [sorted(members) for members in kept.members]
 
 
@@ -201,6 +216,99 @@ def _fullest(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: 
                 nxt = position + 1
                 if bins.full_for(low_cost[nxt], low_samples[nxt], low_longest[nxt]):
                     break
+    return bins
+
+
+def _reserving(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+               mandatory: int, quota: tuple[int, int]) -> _Bins:
+    """Token cost, no sample cap: every group in decreasing cost (older first among equals),
+    each by best fit, the mandatory ones in their places, and at least ``quota[1]`` of the
+    first ``quota[0]`` groups. A group is placed only where what must still come keeps room:
+    the mandatory groups still to come and the smallest prefix groups still needed, largest
+    first, each fit the rooms left largest first (the ``i``-th largest need, the ``i``-th
+    largest room), so each of those fits when its turn comes."""
+    bins = _Bins(count, capacity, False, None)
+    cost_list = cost.tolist()
+    everyone = np.arange(len(cost))
+    order = everyone[np.lexsort((everyone, -cost))].tolist()
+    prefix, needed = quota
+    strict = sorted((cost_list[g] for g in range(mandatory)), reverse=True)  # mandatory costs to come
+    optional = sorted(cost_list[g] for g in range(mandatory, prefix))  # other prefix costs to come, ascending
+    in_prefix = 0
+    smallest = np.minimum.accumulate(cost[order][::-1])[::-1].tolist()  # least cost from here on
+
+    def keeps_room(target: int, after: int, counted: int) -> bool:
+        extra = max(0, needed - counted - len(strict))
+        needs = sorted(strict + optional[:extra], reverse=True)
+        if not needs:
+            return True
+        if len(needs) > count:
+            return False
+        rooms = sorted((capacity - (after if b == target else load) for b, load in enumerate(bins.load)), reverse=True)
+        return all(need <= room for need, room in zip(needs, rooms))
+
+    ascending = -cost[np.asarray(order, dtype=np.int64)]  # for the binary search below
+    is_prefix = np.asarray(order, dtype=np.int64) < prefix
+    position = 0
+    while position < len(order):
+        # what does not fit the roomiest micro-batch now never will: jump past it (a reserved
+        # group always fits, so none is jumped over)
+        jump = max(position, int(np.searchsorted(ascending, -(capacity - min(bins.load)), side="left")))
+        for _ in range(int(np.count_nonzero(is_prefix[position:jump]))):
+            optional.pop()  # prefix groups jumped over, the largest of those to come
+        position = jump
+        if position >= len(order):
+            break
+        g = order[position]
+        size = cost_list[g]
+        forced = g < mandatory
+        if forced:
+            strict.remove(size)
+        elif g < prefix:
+            forced = len(optional) <= max(0, needed - in_prefix - len(strict))  # every one left is needed
+            optional.pop()  # the largest prefix cost to come is this one
+        elif not strict and in_prefix >= needed and min(bins.load) + smallest[position] > capacity:
+            break  # nothing left fits anywhere and nothing more is needed
+        position += 1
+        if forced:
+            if not bins.place(g, size, 1, size):
+                raise RuntimeError(f"internal error: reserved group {g} fits no micro-batch; please report")
+            in_prefix += g < prefix
+            continue
+        target, after = bins._best(size, 1, size)
+        if target < 0 or not keeps_room(target, after, in_prefix + (g < prefix)):
+            continue
+        bins.place(g, size, 1, size)
+        in_prefix += g < prefix
+    return bins
+
+
+def _exchanged(cost: np.ndarray, count: int, capacity: int, mandatory: int) -> Optional[_Bins]:
+    """Token cost, no sample cap: the fill of every group in decreasing cost with no group
+    mandatory, then each mandatory group it left out (largest first) put in by exchange: into
+    the micro-batch where it replaces the placed group that loses the fewest tokens (the
+    replaced group then goes wherever it still fits). None if one cannot get in."""
+    zeros = np.ones(len(cost), dtype=np.int64)
+    bins = _fullest(cost, zeros, cost, count, capacity, 0, False, None)
+    cost_list = cost.tolist()
+    placed = {g for members in bins.members for g in members}
+    for g in sorted((g for g in range(mandatory) if g not in placed), key=lambda g: (-cost_list[g], g)):
+        if bins.place(g, cost_list[g], 1, cost_list[g]):
+            continue
+        best: Optional[tuple[int, int, int]] = None  # (tokens lost, micro-batch, group replaced)
+        for b, members in enumerate(bins.members):
+            for x in members:
+                if x >= mandatory and bins.load[b] - cost_list[x] + cost_list[g] <= capacity:
+                    loss = cost_list[x] - cost_list[g]
+                    if best is None or (loss, b, x) < best:
+                        best = (loss, b, x)
+        if best is None:
+            return None
+        _, b, x = best
+        bins.members[b].remove(x)
+        bins.load[b] += cost_list[g] - cost_list[x]
+        bins.members[b].append(g)
+        bins.place(x, cost_list[x], 1, cost_list[x])  # where it still fits, if anywhere
     return bins
 
 

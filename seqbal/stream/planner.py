@@ -57,7 +57,7 @@ SAMPLES_PER_TRADE = 128
 
 #: Without ``max_wait_steps``, a ``micro_batches_per_step`` step takes the oldest pending group
 #: once it has waited this many steps (else it takes whatever fills the step best).
-OLDEST_PATIENCE = 4
+OLDEST_PATIENCE = 8
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -337,13 +337,28 @@ class StepPlanner:
         count = k * ranks
         if groups == 0 or (groups < count and not flush):
             return None
-        first, safe = self._mandatory(count)
-        for mandatory in dict.fromkeys((first, safe)):
-            bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
+        def fill(mandatory: int, quota: Optional[tuple[int, int]] = None) -> Optional[list[list[int]]]:
+            return fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
                              mandatory=mandatory, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch)
-            if mandatory == safe or self._reachable_after(bins, count):
-                break
+                             max_samples=self.max_samples_per_micro_batch, quota=quota)
+
+        low, safe = self._mandatory(count)
+        bins = fill(low)
+        if safe > low and not self._reachable_after(bins, count):
+            # first: any ``safe`` groups of the binding deadline's prefix, chosen for the fill
+            bins = fill(low, self._quota(count, safe))
+        if safe > low and (bins is None or not self._reachable_after(bins, count)):
+            # the fewest oldest groups whose fill keeps every deadline reachable (bisection;
+            # ``safe`` always does)
+            high, high_bins = safe, fill(safe)
+            while high - low > 1:
+                middle = (low + high) // 2
+                candidate = fill(middle)
+                if self._reachable_after(candidate, count):
+                    high, high_bins = middle, candidate
+                else:
+                    low = middle
+            bins = high_bins
         even = self.even_slots
         if even is None:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
@@ -376,6 +391,15 @@ class StepPlanner:
         due = np.arange(1, groups + 1) - horizon * count  # groups due by that horizon, minus what fits before
         safe = int(min(count, max(due_now, int(due.max()))))
         return due_now, safe
+
+    def _quota(self, count: int, safe: int) -> tuple[int, int]:
+        """``(prefix, safe)``: the groups due by the binding horizon of :meth:`_mandatory` (the
+        one that asks for ``safe`` groups now); taking any ``safe`` of them meets it. O(p)."""
+        born = self._pool.columns["born"]
+        horizon = born + self.max_wait_steps - self.steps
+        due = np.arange(1, len(born) + 1) - horizon * count
+        binding = int(np.argmax(due))
+        return int(np.searchsorted(horizon, horizon[binding], side="right")), safe
 
     def _reachable_after(self, bins: list[list[int]], count: int) -> bool:
         """Whether every deadline stays reachable after a step that takes ``bins``: the safe
