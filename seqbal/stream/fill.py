@@ -152,6 +152,8 @@ def fill_bins(
         return [sorted(members) for members in oldest.members]
     kept, best = oldest, _placed_cost(oldest, cost)
     threshold = best / OLDEST_FIRST_SHARE
+    if quota is None and (best == int(cost.sum()) or threshold >= count * capacity):
+        return [sorted(members) for members in oldest.members]  # everything, or no fill could beat it
     candidates = [_fullest(cost, samples, longest, count, capacity, mandatory, padded, max_samples)]
     if (mandatory or quota is not None) and not padded and max_samples is None:
         candidates.append(_reserving(cost, samples, longest, count, capacity, mandatory, quota or (mandatory, 0)))
