@@ -37,7 +37,7 @@ import numpy as np
 from .bins import _SortedPairs
 from .parts import _assignment_from_groups
 
-__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "fresh_mix_bins", "noisy_best_fit_bins", "swap_mix",
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS", "fresh_mix_bins", "noisy_best_fit_bins", "swap_mix",
            "deal_slots"]
 
 #: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
@@ -47,9 +47,15 @@ NOISE = 0.3
 TAIL_SHARE = 0.05
 #: ... and at least this many times the room the bins will have left in all.
 TAIL_ROOMS = 4
-#: Rounds of random swaps :func:`swap_mix` makes (each one sort of the items).
+#: Rounds of random swaps :func:`swap_mix` makes at least (each one sort of the items)...
 SWAP_ROUNDS = 24
-WIDTHS = (1.0, 4.0)
+#: ... and on small inputs up to this many item-rounds in all (a few items need many rounds to
+#: spread: each swap moves an item to a neighbour of similar cost), at most MAX_SWAP_ROUNDS.
+SWAP_WORK = 200_000
+MAX_SWAP_ROUNDS = 400
+#: A round pairs items whose costs differ by up to this many times the mean room a bin has left,
+#: in turn.
+SWAP_WIDTHS = (1.0, 4.0)
 
 
 def fresh_mix_bins(
@@ -236,7 +242,7 @@ def swap_mix(
     capacity: int,
     rng: np.random.Generator,
     *,
-    rounds: int = SWAP_ROUNDS,
+    rounds: Optional[int] = None,
 ) -> np.ndarray:
     """A partition re-mixed by random swaps of items of similar cost between bins, each bin
     kept within the cap: a fresh mix at the same count for inputs too tight for a random draw.
@@ -253,12 +259,14 @@ def swap_mix(
         costs: each item's additive cost (int64).
         capacity: the cap on a bin's summed cost.
         rng: the random stream; the same stream gives the same result on every machine.
-        rounds: rounds of swaps.
+        rounds: rounds of swaps; default :data:`SWAP_ROUNDS`, more on small inputs
+            (:data:`SWAP_WORK`, :data:`MAX_SWAP_ROUNDS`).
 
     Returns:
         a new bin array: the same bins, the same item count in each, each within ``capacity``.
 
-    Complexity: O(rounds * n log n) in NumPy; memory O(n + K).
+    Complexity: O(rounds * n log n) in NumPy (by default at most
+    ``max(SWAP_ROUNDS * n, SWAP_WORK)`` item-rounds); memory O(n + K).
 
     >>> bins = swap_mix(np.array([0, 0, 1, 1]), np.array([3, 5, 3, 5]), 8, np.random.default_rng(1))
     >>> sorted(np.bincount(bins, weights=[3, 5, 3, 5]).tolist()), np.bincount(bins).tolist()
@@ -269,11 +277,13 @@ def swap_mix(
     n = len(costs)
     if n < 2:
         return bins
+    if rounds is None:
+        rounds = max(SWAP_ROUNDS, min(MAX_SWAP_ROUNDS, SWAP_WORK // n))
     num_bins = int(bins.max()) + 1
     loads = np.bincount(bins, weights=costs, minlength=num_bins).astype(np.int64)
     mean_room = max(1.0, float(num_bins * capacity - int(loads.sum())) / num_bins)
     for r in range(rounds):
-        width = mean_room * WIDTHS[r % len(WIDTHS)]
+        width = mean_room * SWAP_WIDTHS[r % len(SWAP_WIDTHS)]
         order = np.argsort(costs + width * rng.random(n), kind="stable")
         shift = int(rng.integers(2))
         pairs = (n - shift) // 2

@@ -144,8 +144,8 @@ def fill_bins(
 
     >>> fill_bins(np.array([6, 5, 4, 3, 2]), np.ones(5, np.int64), np.array([6, 5, 4, 3, 2]), 2, 8, mandatory=2)
     [[0, 4], [1, 3]]
-    >>> fill_bins(np.array([3, 3, 5, 5]), np.ones(4, np.int64), np.array([3, 3, 5, 5]), 2, 8, mandatory=1)
-    [[0, 2], [3]]
+    >>> fill_bins(np.array([3, 3, 7, 7]), np.ones(4, np.int64), np.array([3, 3, 7, 7]), 2, 10, mandatory=0)
+    [[0, 2], [1, 3]]
     """
     oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
     if mandatory >= len(cost):
