@@ -51,7 +51,7 @@ TAIL_ROOMS = 4
 SWAP_ROUNDS = 24
 #: ... and on small inputs up to this many item-rounds in all (a few items need many rounds to
 #: spread: each swap moves an item to a neighbour of similar cost), at most MAX_SWAP_ROUNDS.
-SWAP_WORK = 200_000
+SWAP_WORK = 1_000_000
 MAX_SWAP_ROUNDS = 400
 #: A round pairs items whose costs differ by up to this many times the mean room a bin has left,
 #: in turn.
