@@ -37,7 +37,7 @@ import numpy as np
 from .bins import _SortedPairs
 from .parts import _assignment_from_groups
 
-__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS", "fresh_mix_bins", "noisy_best_fit_bins", "swap_mix",
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS", "fresh_mix_bins", "swap_rounds", "noisy_best_fit_bins", "swap_mix",
            "deal_slots"]
 
 #: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
@@ -236,6 +236,19 @@ def noisy_best_fit_bins(
     return _assignment_from_groups(members, n)
 
 
+def swap_rounds(n: int, within_work: bool = False) -> int:
+    """The rounds :func:`swap_mix` makes by default on ``n`` items: :data:`SWAP_ROUNDS`, more on
+    small inputs (up to :data:`SWAP_WORK` item-rounds, at most :data:`MAX_SWAP_ROUNDS`);
+    ``within_work``: never more than :data:`SWAP_WORK` item-rounds (none past that many items),
+    for partitions that are random already and only need their structure broken. O(1).
+
+    >>> swap_rounds(2000), swap_rounds(10**6), swap_rounds(10**6, within_work=True)
+    (400, 24, 1)
+    """
+    rounds = max(SWAP_ROUNDS, min(MAX_SWAP_ROUNDS, SWAP_WORK // max(n, 1)))
+    return min(rounds, SWAP_WORK // max(n, 1)) if within_work else rounds
+
+
 def swap_mix(
     bins: np.ndarray,
     costs: np.ndarray,
@@ -278,7 +291,7 @@ def swap_mix(
     if n < 2:
         return bins
     if rounds is None:
-        rounds = max(SWAP_ROUNDS, min(MAX_SWAP_ROUNDS, SWAP_WORK // n))
+        rounds = swap_rounds(n)
     num_bins = int(bins.max()) + 1
     loads = np.bincount(bins, weights=costs, minlength=num_bins).astype(np.int64)
     mean_room = max(1.0, float(num_bins * capacity - int(loads.sum())) / num_bins)
