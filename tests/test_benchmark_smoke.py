@@ -258,7 +258,7 @@ def test_sft_epochs_benchmark_smoke():
     assert sft_epochs.repeat_share(lengths, sft_epochs.plan_once_route(lengths, 4096, 2, 1, 3)) == 1.0
     table = sft_epochs.mix_table([4096], 2, 2, 2, limit=200)
     assert table.count("| seqbal |") >= 1 and table.count("| plan once |") == table.count("| seqbal |")
-    assert table.count("| uniform 1-1024 x") == 2 * len(sft_epochs.ROUTES)
+    assert table.count("| uniform 1-2048 x") == 2 * len(sft_epochs.ROUTES)  # groups of 2 under cap 4096
     scale = sft_epochs.scale_table(5_000, [2], [8192], 1, "lognormal").splitlines()
     assert len(scale) == 3 and "| fresh |" in scale[2]
 
