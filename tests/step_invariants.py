@@ -113,7 +113,7 @@ class Tracker:
             # a pool that cannot fill the step leaves whole; else, without max_wait_steps, the
             # oldest group once it has waited OLDEST_PATIENCE steps (no group waits for ever);
             # max_wait_steps is checked below
-            from seqbal.stream.planner import OLDEST_PATIENCE
+            from seqbal.stream.planner import OLDEST_PATIENCE  # the default of oldest_patience
 
             must = self.order
             if len(self.order) > self.k * self.ranks:

@@ -103,6 +103,10 @@ class StepPlanner:
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
+        oldest_patience: without ``max_wait_steps``, a ``K`` step takes the oldest pending group
+            once it has waited this many steps (default :data:`OLDEST_PATIENCE`); a caller that
+            builds a new planner for every step (no history) sets 0: every step then takes the
+            oldest group.
 
     Examples:
         Two ranks, two micro-batches each, under a cap of 10 tokens (a pool this small would
@@ -164,6 +168,7 @@ class StepPlanner:
             raise ValueError(f"even_slots must be None, True or False, got {even_slots!r}")
         self.even_slots = even_slots
         self.steps = 0
+        self.oldest_patience = OLDEST_PATIENCE
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step)
         self._staged: list[Arrivals] = []
 
@@ -368,7 +373,7 @@ class StepPlanner:
         """How many of the oldest groups this ``K`` step must take: a first try and a safe one.
 
         Every group of a pool that cannot fill the step (both). Without ``max_wait_steps``: the
-        oldest group once it has waited :data:`OLDEST_PATIENCE` steps (so none waits for ever),
+        oldest group once it has waited :attr:`oldest_patience` steps (so none waits for ever),
         else none. With ``max_wait_steps=w``, first the groups due now, then (where the step
         that took those leaves a later deadline out of reach) the safe number ``m``: a group that
         arrived before step ``b`` must leave by step ``b + w``, and a step can always take
@@ -384,7 +389,7 @@ class StepPlanner:
         born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
         w = self.max_wait_steps
         if w is None:
-            first = int(self.steps - int(born[0]) >= OLDEST_PATIENCE)
+            first = int(self.steps - int(born[0]) >= self.oldest_patience)
             return first, first
         horizon = born + w - self.steps  # steps from now to each group's last step
         due_now = int(np.searchsorted(horizon, 0, side="right"))
