@@ -311,7 +311,8 @@ def test_k_steps_with_few_large_groups_fill_like_first_fit_decreasing(source, ar
 
     cap, ranks = 4096, 4
     if source == "rollouts":
-        lengths = np.array(files("seqbal").joinpath("data/qwen25math_cot_rollouts.txt").read_text().split(), dtype=np.int64)
+        text = files("seqbal").joinpath("data/qwen25math_cot_rollouts.txt").read_text()
+        lengths = np.array(text.split(), dtype=np.int64)
     else:
         lengths = np.arange(1, cap // 4 + 1, dtype=np.int64)
     rng = np.random.default_rng(7)

@@ -319,7 +319,8 @@ def _partners(n, plans, group):
         for mb in (mb for rank in plan for mb in rank):
             for i in mb:
                 met[i].update(mb)
-    return float(np.mean([len(m - set(range(i // group * group, i // group * group + group))) for i, m in enumerate(met)]))
+    own = [set(range(i // group * group, i // group * group + group)) for i in range(n)]
+    return float(np.mean([len(m - o) for m, o in zip(met, own)]))
 
 
 def _repeated_sets(plans):
@@ -340,7 +341,8 @@ def test_a_fresh_mix_on_tight_inputs(case):
     from seqbal import best_fit_decreasing_partitions
 
     if case == "rollouts in groups of 4":
-        lengths = np.array(files("seqbal").joinpath("data/qwen25math_cot_rollouts.txt").read_text().split(), dtype=np.int64)
+        text = files("seqbal").joinpath("data/qwen25math_cot_rollouts.txt").read_text()
+        lengths = np.array(text.split(), dtype=np.int64)
         cap, group, repeated = 8192, 4, 0.05
     else:  # one-sample micro-batches of the longest samples repeat (docs/benchmarks.md)
         lengths, cap, group, repeated = np.random.default_rng(1).integers(1, 8193, 2000), 8192, 1, 0.2

@@ -180,7 +180,8 @@ class TokenBudgetBatchSampler:
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
     memory O(n). On inputs too tight for a deal, a draw is a noisy best fit (O(n log n) in
     Python) or the tight plan, then the swaps (O(r n log n) in NumPy, ``r`` rounds: 24, up to
-    400 on small inputs), and building may run :func:`seqbal.build_dp_schedule` once. With the padded cost or a sample cap, the tight plan is
+    400 on small inputs), and building may run :func:`seqbal.build_dp_schedule` once. With the
+    padded cost or a sample cap, the tight plan is
     :func:`seqbal.build_dp_schedule`'s.
 
     Examples:

@@ -37,8 +37,8 @@ import numpy as np
 from .bins import _SortedPairs
 from .parts import _assignment_from_groups
 
-__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS", "fresh_mix_bins", "swap_rounds", "noisy_best_fit_bins", "swap_mix",
-           "deal_slots"]
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS",
+           "fresh_mix_bins", "noisy_best_fit_bins", "swap_rounds", "swap_mix", "deal_slots"]
 
 #: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
 #: this ratio of each other enter in random order. Larger mixes more and packs less tightly.

@@ -7,7 +7,8 @@ multiple-knapsack problem; this is a greedy, each placement a best fit (a group 
 fullest micro-batch it still fits in, so large holes stay open for large groups). The
 ``mandatory`` oldest groups (each fits alone, at most one per micro-batch) are always placed
 first: this is what bounds every group's wait (:class:`seqbal.StepPlanner`'s
-``max_wait_steps``). Then two fills of the rest are built and one is kept:
+``max_wait_steps``); a ``quota`` asks instead for any ``needed`` of the first ``prefix``
+groups (a deadline that any of them meets). Then several fills are built and one is kept:
 
 * **oldest first**: the next oldest groups, as many as the room left could hold, best-fit
   decreasing (with the token cost and no sample cap, one library pass over the mandatory groups
@@ -15,12 +16,19 @@ first: this is what bounds every group's wait (:class:`seqbal.StepPlanner`'s
   arrival order;
 * **fullest**: every other pending group in decreasing size (older first among equals), each
   where it fits best, skipping those that fit nowhere: first-fit-decreasing quality over the
-  whole pool.
+  whole pool;
+* with mandatory groups or a quota (token cost, no sample cap): **reserving**, every group in
+  decreasing size with the mandatory ones in their places, a group placed only where those
+  still to come keep room; and **exchanged**, the fullest fill with no group mandatory, each
+  mandatory group it left out swapped in for the placed group whose loss is least.
 
-Oldest first is kept when it places at least :data:`OLDEST_FIRST_SHARE` of the fullest fill's
-cost; else the fullest. Why both: oldest first alone blocks better fits when few large groups
-wait (the oldest, one per micro-batch, leave holes nothing younger fits in arrival order);
-fullest alone would let old mid-sized groups wait behind every large arrival.
+Oldest first is kept when it places at least :data:`OLDEST_FIRST_SHARE` of the best other
+fill's cost, else the fullest of the others (with a quota, only fills that meet it count). Why
+not one: oldest first alone blocks better fits when few large groups wait (the oldest, one per
+micro-batch, leave holes nothing younger fits in arrival order); fullest alone would let old
+mid-sized groups wait behind every large arrival; a mandatory group placed first can cost more
+than one placed in its turn. Where oldest first takes everything, or no fill could beat it by
+1%, it is kept without building the others.
 
 Cost: O(p log p) NumPy work on a pool of ``p`` groups (the sort), plus O(c * count) for the
 ``c`` groups placed or visited: groups that cannot fit any micro-batch's room are skipped by a
@@ -35,7 +43,7 @@ import numpy as np
 
 from ..partition.packing import _best_fit_decreasing
 
-#: The oldest-first fill is kept when it places at least this share of the fullest fill's cost.
+#: The oldest-first fill is kept when it places at least this share of the best other fill's cost.
 OLDEST_FIRST_SHARE = 0.99
 
 
@@ -330,7 +338,7 @@ def _oldest_first(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, co
     packed = None
     if not padded and max_samples is None and window_end > start:
         # Fast path: one library BFD pass over the mandatory groups and the window together;
-        # if it needs no more than ``count`` micro-batches, phases 1 and 2 are done.
+        # if it needs no more than ``count`` micro-batches, they are all placed.
         packed = _best_fit_decreasing(cost[:window_end], capacity)
         if len(packed) > count:
             packed = None
