@@ -61,6 +61,17 @@ def length_lists() -> dict[str, np.ndarray]:
     return {REAL_FILES[name].removesuffix(".txt"): workloads._load(name) for name in REAL_FILES}
 
 
+#: Uniform lengths up to the cap (up to ``cap // group`` with forced groups): this many samples.
+UNIFORM_SIZES = (2000, 10000)
+
+
+def uniform_lists(cap: int, group: int) -> dict[str, np.ndarray]:
+    """Uniform lengths in ``[1, cap // group]`` (a forced group then spans up to the cap), one list
+    per size of :data:`UNIFORM_SIZES`, seeded by the size and the cap."""
+    top = cap // group
+    return {f"uniform 1-{top} x {n:,}": np.random.default_rng([n, cap]).integers(1, top + 1, n) for n in UNIFORM_SIZES}
+
+
 def plan_once_route(lengths: np.ndarray, cap: int, world: int, group: int, epochs: int) -> list[Plan]:
     """The previous release's sampler: one schedule, then per epoch a slot permutation and a trade
     of equal-length groups."""
@@ -109,6 +120,13 @@ def seqbal_route(lengths: np.ndarray, cap: int, world: int, group: int, epochs: 
 ROUTES: dict[str, Callable[..., list[Plan]]] = {
     "seqbal": seqbal_route, "plan once": plan_once_route, "shuffle-fill": shuffle_fill_route,
 }
+
+
+def repeated_sets(plans: list[Plan]) -> float:
+    """Share of the micro-batches of epochs 1.. whose set of samples is one of epoch 0's."""
+    first = {frozenset(mb) for rank in plans[0] for mb in rank}
+    later = [frozenset(mb) for plan in plans[1:] for rank in plan for mb in rank]
+    return sum(m in first for m in later) / max(1, len(later))
 
 
 def repeat_share(lengths: np.ndarray, plans: list[Plan]) -> float:
@@ -162,25 +180,29 @@ def counts(plans: list[Plan]) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int = 0) -> str:
-    head = ("| list | cap | route | per rank | repeats epoch 0's mix | partners (vs shuffle-fill) | "
-            + ("same partners every epoch | " if group > 1 else "") + "step balance per epoch |")
+def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int = 0, uniform: bool = True) -> str:
+    head = ("| list | cap | route | per rank | repeats epoch 0's sample sets | repeats epoch 0's mix | "
+            "partners (vs shuffle-fill) | " + ("same partners every epoch | " if group > 1 else "")
+            + "step balance per epoch |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
-    for name, lengths in length_lists().items():
+    cases = [(name, lengths, cap) for name, lengths in length_lists().items() for cap in caps]
+    if uniform:
+        cases += [(name, lengths, cap) for cap in caps for name, lengths in uniform_lists(cap, group).items()]
+    for name, lengths, cap in cases:
         if limit:
             lengths = lengths[:limit]
         lengths = lengths[: len(lengths) // group * group]
-        for cap in caps:
-            results = {route: fn(lengths, cap, world, group, epochs) for route, fn in ROUTES.items()}
-            partners = {route: mean_partners(len(lengths), plans, group) for route, plans in results.items()}
-            for route, plans in results.items():
-                balance = [step_balance(lengths, plan) for plan in plans]
-                cells = [name, str(cap), route, counts(plans), f"{repeat_share(lengths, plans):.1%}",
-                         f"{partners[route]:.0f} ({partners[route] / partners['shuffle-fill']:.2f})"]
-                if group > 1:
-                    cells.append(f"{same_partner_groups(len(lengths), plans, group):.1%}")
-                cells.append(f"{min(balance):.4f}-{max(balance):.4f}")
-                out.append("| " + " | ".join(cells) + " |")
+        results = {route: fn(lengths, cap, world, group, epochs) for route, fn in ROUTES.items()}
+        partners = {route: mean_partners(len(lengths), plans, group) for route, plans in results.items()}
+        for route, plans in results.items():
+            balance = [step_balance(lengths, plan) for plan in plans]
+            cells = [name, str(cap), route, counts(plans), f"{repeated_sets(plans):.1%}",
+                     f"{repeat_share(lengths, plans):.1%}",
+                     f"{partners[route]:.0f} ({partners[route] / partners['shuffle-fill']:.2f})"]
+            if group > 1:
+                cells.append(f"{same_partner_groups(len(lengths), plans, group):.1%}")
+            cells.append(f"{min(balance):.4f}-{max(balance):.4f}")
+            out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -251,7 +273,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         print(mix_table([4096], 2, 3, 1, limit=300))
-        print(mix_table([8192], 2, 3, 2, limit=300))
+        print(mix_table([8192], 2, 3, 2, limit=300, uniform=False))
         print(scale_table(20_000, [2], [8192], 1, "lognormal"))
         return
     if args.scale:

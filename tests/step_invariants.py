@@ -110,8 +110,17 @@ class Tracker:
             assert flush or not has_dummy, "a dummy micro-batch outside a flush"
             if has_dummy:
                 assert len(taken_groups) < self.k * self.ranks, "dummies although the groups could fill every micro-batch"
-            oldest = self.order[:min(len(self.order), self.k * self.ranks)]
-            missing = [key for key in oldest if key not in taken_groups]
+            # a pool that cannot fill the step leaves whole; else, without max_wait_steps, the
+            # oldest group once it has waited OLDEST_PATIENCE steps (no group waits for ever);
+            # max_wait_steps is checked below
+            from seqbal.stream.planner import OLDEST_PATIENCE  # the default of oldest_patience
+
+            must = self.order
+            if len(self.order) > self.k * self.ranks:
+                oldest = self.order[0]
+                patient = self.wait is None and self.steps - self.born[self.members[oldest][0]] >= OLDEST_PATIENCE
+                must = self.order[:1] if patient else []
+            missing = [key for key in must if key not in taken_groups]
             assert not missing, f"oldest groups left behind: {missing[:3]}"
         else:
             if not flush:

@@ -258,8 +258,26 @@ def test_sft_epochs_benchmark_smoke():
     assert sft_epochs.repeat_share(lengths, sft_epochs.plan_once_route(lengths, 4096, 2, 1, 3)) == 1.0
     table = sft_epochs.mix_table([4096], 2, 2, 2, limit=200)
     assert table.count("| seqbal |") >= 1 and table.count("| plan once |") == table.count("| seqbal |")
+    assert table.count("| uniform 1-2048 x") == 2 * len(sft_epochs.ROUTES)  # groups of 2 under cap 4096
     scale = sft_epochs.scale_table(5_000, [2], [8192], 1, "lognormal").splitlines()
     assert len(scale) == 3 and "| fresh |" in scale[2]
+
+
+def test_step_fill_benchmark_smoke():
+    """benchmarks.step_fill for a few steps: every scenario takes steps, ratios are measured on
+    the steps over capacity, and max_wait_steps is kept."""
+    from benchmarks import step_fill
+
+    lengths = np.arange(1, 1025, dtype=np.int64)
+    for scenario, (arrivals, wait) in step_fill.SCENARIOS.items():
+        result = step_fill.simulate(lengths, arrivals, wait, 15, 0)
+        assert result["waits"] and result["ratios"], scenario
+        assert wait is None or max(result["waits"]) <= wait, scenario
+    assert _uniform_rows(step_fill.table(5, 1)) > 0
+
+
+def _uniform_rows(lines):
+    return sum("| uniform 1-1024 |" in line for line in lines)
 
 
 def test_axolotl_benchmark_smoke(monkeypatch):

@@ -10,13 +10,17 @@ run, and SGD wants a fresh random mix every epoch. So the count is fixed once, w
 is built, and every epoch draws a new random partition at exactly that count
 (:mod:`seqbal.partition.fresh_mix`): noisy-decreasing LPT dealing, then best fit for what is
 left, then slots of similar work dealt to the ranks. The count: best-fit decreasing (BFD) gives
-a near-optimal one, rounded up to a multiple of ``num_replicas x gradient_accumulation_steps``;
-if a fresh draw fits at that count it is the count, else the next multiple within 1% above it
-where a draw fits. If none does (inputs where only a tight packing fits: samples near the cap,
-large forced groups), the sampler keeps the tight plan and relabels it every epoch, as it would
-for the padded cost, whose micro-batches must hold similar lengths. An epoch whose draws do
-not fit (rare: a draw fits at the chosen count by construction, and a later one is a new
-random draw) takes that plan too, so every epoch keeps every promise.
+a near-optimal one, rounded up to a multiple of ``num_replicas x gradient_accumulation_steps``
+(where it is more than 1% above the packing lower bound, as with large forced groups, the
+count of :func:`seqbal.build_dp_schedule` where that is lower: the tight count); if a fresh
+draw fits at that count it is the count, else the next multiple within 1% above it where a
+deal fits. Where no deal fits (inputs where only a tight packing fits: samples near the cap,
+uniform lengths up to the cap, large forced groups), the draw is a noisy best fit or, failing
+that, the tight plan itself, each then re-mixed by random swaps of items of similar size
+between micro-batches that keep every one within the cap
+(:func:`~seqbal.partition.fresh_mix.swap_mix`): a fresh partition at the tight count, always.
+Only the padded cost keeps one tight plan, relabelled every epoch, since its micro-batches
+must hold similar lengths.
 
 Every rank computes the same plan from the same global lengths and settings, deterministically
 by ``(seed, epoch)``. Where torch.distributed is initialised and the sampler's process group
@@ -33,7 +37,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins
+from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix, swap_rounds
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array, is_int
@@ -41,13 +45,15 @@ from .agreement import agree_or_raise, digest
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 
-#: How far above the tight (BFD) count the fresh mix's count may go: 1%.
+#: How far above the tight count (BFD's, or the schedule's) the fresh mix's count may go: 1%.
 FRESH_COUNT_SLACK = 0.01
-#: The random draws an epoch tries, in order, before it takes the tight plan: two LPT deals
+#: The random draws an epoch tries, in order: two LPT deals
 #: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
 #: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
-#: tight for a deal.
-DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03))
+#: tight for a deal, then the tight plan; the last three re-mixed by
+#: :func:`~seqbal.partition.fresh_mix.swap_mix` (the last always fits), the deals by a few
+#: rounds of it (:func:`~seqbal.partition.fresh_mix.swap_rounds`, none past 10^6 items).
+DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03), ("swaps", 0.0))
 
 
 def _default_replicas(num_replicas: Optional[int], rank: Optional[int], process_group: Any = None) -> tuple[int, int]:
@@ -145,13 +151,15 @@ class TokenBudgetBatchSampler:
       naming the sample, its tokens and the cap, raised here, when the sampler is built;
     - ``len(self)`` is the exact number of micro-batches each rank yields per epoch, the same on
       every rank and in every epoch, a multiple of ``gradient_accumulation_steps``, and at most
-      1% above a best-fit-decreasing packing's count (rounded up to that multiple);
+      1% above a best-fit-decreasing packing's count (rounded up to that multiple), or above
+      :func:`seqbal.build_dp_schedule`'s where that one is lower and BFD's is more than 1% above
+      the packing lower bound;
     - every sample appears exactly once per epoch over all ranks; samples ``i*g .. i*g+g-1``
       (``g = force_group_size``) share a micro-batch;
     - rank ``r``'s ``i``-th micro-batch is slot ``i`` on every rank: the slot's micro-batches
       carry similar work;
-    - every epoch is a new random partition of the samples (``mix == "fresh"``; see the module
-      docstring for the inputs that keep one tight plan, ``mix == "fixed"``), deterministic by
+    - every epoch is a new random partition of the samples (``mix == "fresh"``; the padded
+      cost keeps one tight plan, ``mix == "fixed"``, see the module docstring), deterministic by
       ``seed`` and epoch: iterating again gives the same batches, so skipping the first ``k``
       (transformers does on resume) leaves exactly the remaining ones;
     - where torch.distributed is initialised and ``process_group`` has more than one rank
@@ -183,7 +191,10 @@ class TokenBudgetBatchSampler:
 
     Complexity: building costs one BFD pass over the groups plus one or two random draws
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
-    memory O(n). With the padded cost or a sample cap, the tight plan is
+    memory O(n). On inputs too tight for a deal, a draw is a noisy best fit (O(n log n) in
+    Python) or the tight plan, then the swaps (O(r n log n) in NumPy, ``r`` rounds: 24, up to
+    400 on small inputs), and building may run :func:`seqbal.build_dp_schedule` once. With the
+    padded cost or a sample cap, the tight plan is
     :func:`seqbal.build_dp_schedule`'s.
 
     Examples:
@@ -292,6 +303,14 @@ class TokenBudgetBatchSampler:
             packing = split_bins_to_count(packing, items.additive, count) if count > len(packing) else packing
             self._tight_bins = _assignment_from_groups(packing, len(items))
             self.count = count
+            if not self._near_bound(count):
+                # BFD is more than FRESH_COUNT_SLACK above what any plan needs (large forced
+                # groups): the schedule's count search, kept where it plans fewer
+                bins, cached = self._tight_bins, self.count
+                self._tight_from_schedule()
+                self._tight_grid = None  # fresh draws deal their own slots
+                if self.count >= cached:
+                    self._tight_bins, self.count = bins, cached
         self.mix = "fixed"
         if items.additive is None:
             return  # the padded cost: a fresh mix of lengths would multiply the padding
@@ -311,6 +330,20 @@ class TokenBudgetBatchSampler:
                 self.count, self.mix, self._first_draw = count, "fresh", attempt
                 self._epoch0 = bins
                 return
+
+    def _near_bound(self, count: int) -> bool:
+        """Whether ``count`` is within :data:`FRESH_COUNT_SLACK` of the lower bound no plan can go
+        below (rounded up to the ranks x steps): the cheap bound first, then the stronger one."""
+        items, unit = self._items, self._unit
+
+        def rounded(bound: int) -> int:
+            return -(-bound // unit) * unit
+
+        if count <= rounded(-(-int(items.additive.sum()) // items.capacity)) * (1 + FRESH_COUNT_SLACK):
+            return True
+        from ..partition import packing_lower_bound
+
+        return count <= rounded(packing_lower_bound(items.additive, items.capacity)) * (1 + FRESH_COUNT_SLACK)
 
     def _tight_from_schedule(self) -> None:
         """The tight plan from :func:`seqbal.build_dp_schedule` (padded cost, sample cap)."""
@@ -352,9 +385,17 @@ class TokenBudgetBatchSampler:
         rng = self._rng(epoch, attempt)
         kind, noise = DRAWS[attempt]
         items = self._items
-        if kind == "deal":
-            return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
-        return noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
+        if kind == "deal":  # random already; a few swaps break what the deal's order leaves
+            bins = fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
+            rounds = swap_rounds(len(items), within_work=True)
+            return None if bins is None or not rounds else swap_mix(bins, items.additive, items.capacity, rng,
+                                                                     rounds=rounds)
+        if kind == "swaps":
+            if count != self.count:
+                return None
+            return swap_mix(self._tight_bins, items.additive, items.capacity, rng)
+        bins = noisy_best_fit_bins(items.additive, count, items.capacity, rng, noise=noise, max_items=self._max_items)
+        return None if bins is None else swap_mix(bins, items.additive, items.capacity, rng)
 
     def __len__(self) -> int:
         """Micro-batches per rank per epoch (the same on every rank and in every epoch). O(1)."""
@@ -381,8 +422,9 @@ class TokenBudgetBatchSampler:
         return self._tight_bins, None
 
     def epoch_source(self, epoch: int) -> str:
-        """How ``epoch`` is planned: ``"deal"`` or ``"best fit"`` (a fresh random partition, see
-        :data:`DRAWS`), or ``"tight"`` (the tight plan, relabelled). O(n log K)."""
+        """How ``epoch`` is planned: ``"deal"``, ``"best fit"`` or ``"swaps"`` (a fresh random
+        partition, see :data:`DRAWS`), or ``"tight"`` (the tight plan, relabelled: the padded
+        cost). O(n log K) to O(n log n) (the draws tried)."""
         return self._epoch_bins(_epoch_argument(epoch, "epoch_source"))[1] or "tight"
 
     def _relabel(self, bins: np.ndarray, rng: np.random.Generator) -> np.ndarray:

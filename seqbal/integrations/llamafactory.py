@@ -18,7 +18,8 @@ names (the configuration keeps ``batching_strategy: dynamic_batching`` or
 * every step has exactly ``num_micro_batch`` micro-batches on every data-parallel rank, each
   within ``max_token_len`` (padded cost for ``dynamic_batching``, whose micro-batches are padded
   to their longest sample; token cost for ``dynamic_padding_free``), filled with as many
-  pending samples as fit, oldest first, and balanced slot by slot across the ranks;
+  pending samples as fit (the oldest one always, the oldest first where that costs under 1% of
+  the tokens), and balanced slot by slot across the ranks;
 * no sample is truncated: a sample over the cap is a ``ValueError`` on every rank, naming the
   rank, the sample's place in that rank's stream, its tokens and the cap;
 * the ranks share one pool: before each step every rank reads its share of new samples from
@@ -171,6 +172,7 @@ def _generate_batch(strategy: str, buffer: Any, batch_info: dict) -> Optional[li
         return None
     planner = StepPlanner(cap, ranks, micro_batches_per_step=int(batch_info["num_micro_batch"]),
                           cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+    planner.oldest_patience = 0  # a new planner every step: the buffer's oldest sample always goes
     planner.add(range(len(samples)), [_length(s) for s in samples])  # oldest first: buffer order
     step = planner.next_step()
     if step is None:

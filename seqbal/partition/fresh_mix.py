@@ -37,7 +37,8 @@ import numpy as np
 from .bins import _SortedPairs
 from .parts import _assignment_from_groups
 
-__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "fresh_mix_bins", "noisy_best_fit_bins", "deal_slots"]
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS",
+           "fresh_mix_bins", "noisy_best_fit_bins", "swap_rounds", "swap_mix", "deal_slots"]
 
 #: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
 #: this ratio of each other enter in random order. Larger mixes more and packs less tightly.
@@ -46,6 +47,15 @@ NOISE = 0.3
 TAIL_SHARE = 0.05
 #: ... and at least this many times the room the bins will have left in all.
 TAIL_ROOMS = 4
+#: Rounds of random swaps :func:`swap_mix` makes at least (each one sort of the items)...
+SWAP_ROUNDS = 24
+#: ... and on small inputs up to this many item-rounds in all (a few items need many rounds to
+#: spread: each swap moves an item to a neighbour of similar cost), at most MAX_SWAP_ROUNDS.
+SWAP_WORK = 1_000_000
+MAX_SWAP_ROUNDS = 400
+#: A round pairs items whose costs differ by up to this many times the mean room a bin has left,
+#: in turn.
+SWAP_WIDTHS = (1.0, 4.0)
 
 
 def fresh_mix_bins(
@@ -224,6 +234,86 @@ def noisy_best_fit_bins(
     if len(members) < num_bins:
         members = split_bins_to_count(members, costs, num_bins)
     return _assignment_from_groups(members, n)
+
+
+def swap_rounds(n: int, within_work: bool = False) -> int:
+    """The rounds :func:`swap_mix` makes by default on ``n`` items: :data:`SWAP_ROUNDS`, more on
+    small inputs (up to :data:`SWAP_WORK` item-rounds, at most :data:`MAX_SWAP_ROUNDS`);
+    ``within_work``: never more than :data:`SWAP_WORK` item-rounds (none past that many items),
+    for partitions that are random already and only need their structure broken. O(1).
+
+    >>> swap_rounds(2000), swap_rounds(10**6), swap_rounds(10**6, within_work=True)
+    (400, 24, 1)
+    """
+    rounds = max(SWAP_ROUNDS, min(MAX_SWAP_ROUNDS, SWAP_WORK // max(n, 1)))
+    return min(rounds, SWAP_WORK // max(n, 1)) if within_work else rounds
+
+
+def swap_mix(
+    bins: np.ndarray,
+    costs: np.ndarray,
+    capacity: int,
+    rng: np.random.Generator,
+    *,
+    rounds: Optional[int] = None,
+) -> np.ndarray:
+    """A partition re-mixed by random swaps of items of similar cost between bins, each bin
+    kept within the cap: a fresh mix at the same count for inputs too tight for a random draw.
+
+    Every round sorts the items by cost plus a random amount (up to a few times the mean room a
+    bin has left), pairs neighbours in that order and swaps every pair whose two bins stay
+    within the cap whatever else the round swaps (a bin's rises in the round, summed, fit its
+    room). Swaps keep every bin's item count, so a cap on items per bin holds too, and no bin
+    empties. Items of equal cost always swap, so a tight packing with no room at all still
+    trades those; where rooms exist, the room moves with the swaps and the mix spreads.
+
+    Args:
+        bins: the bin of every item (int64), a partition within ``capacity``.
+        costs: each item's additive cost (int64).
+        capacity: the cap on a bin's summed cost.
+        rng: the random stream; the same stream gives the same result on every machine.
+        rounds: rounds of swaps; default :data:`SWAP_ROUNDS`, more on small inputs
+            (:data:`SWAP_WORK`, :data:`MAX_SWAP_ROUNDS`).
+
+    Returns:
+        a new bin array: the same bins, the same item count in each, each within ``capacity``.
+
+    Complexity: O(rounds * n log n) in NumPy (by default at most
+    ``max(SWAP_ROUNDS * n, SWAP_WORK)`` item-rounds); memory O(n + K).
+
+    >>> bins = swap_mix(np.array([0, 0, 1, 1]), np.array([3, 5, 3, 5]), 8, np.random.default_rng(1))
+    >>> sorted(np.bincount(bins, weights=[3, 5, 3, 5]).tolist()), np.bincount(bins).tolist()
+    ([8.0, 8.0], [2, 2])
+    """
+    bins = np.array(bins, dtype=np.int64)
+    costs = np.asarray(costs, dtype=np.int64)
+    n = len(costs)
+    if n < 2:
+        return bins
+    if rounds is None:
+        rounds = swap_rounds(n)
+    num_bins = int(bins.max()) + 1
+    loads = np.bincount(bins, weights=costs, minlength=num_bins).astype(np.int64)
+    mean_room = max(1.0, float(num_bins * capacity - int(loads.sum())) / num_bins)
+    for r in range(rounds):
+        width = mean_room * SWAP_WIDTHS[r % len(SWAP_WIDTHS)]
+        order = np.argsort(costs + width * rng.random(n), kind="stable")
+        shift = int(rng.integers(2))
+        pairs = (n - shift) // 2
+        a, b = order[shift:shift + 2 * pairs:2], order[shift + 1:shift + 2 * pairs:2]
+        bin_a, bin_b = bins[a], bins[b]
+        rise = costs[b] - costs[a]  # bin_a rises by this, bin_b falls by it
+        valid = bin_a != bin_b
+        up = np.bincount(bin_a, weights=np.where(valid & (rise > 0), rise, 0), minlength=num_bins)
+        up += np.bincount(bin_b, weights=np.where(valid & (rise < 0), -rise, 0), minlength=num_bins)
+        room = capacity - loads
+        fits = up <= room
+        ok = valid & fits[bin_a] & fits[bin_b]
+        a, b, bin_a, bin_b, rise = a[ok], b[ok], bin_a[ok], bin_b[ok], rise[ok]
+        bins[a], bins[b] = bin_b, bin_a
+        loads += np.bincount(bin_a, weights=rise, minlength=num_bins).astype(np.int64)
+        loads -= np.bincount(bin_b, weights=rise, minlength=num_bins).astype(np.int64)
+    return bins
 
 
 def deal_slots(bin_workloads: np.ndarray, num_replicas: int, rng: Optional[np.random.Generator]) -> np.ndarray:

@@ -1,26 +1,38 @@
-"""Fill a fixed number of capped micro-batches from a pool of groups, oldest first.
+"""Fill a fixed number of capped micro-batches from a pool of groups: as many pending tokens as
+fit, the oldest first where that costs (almost) nothing.
 
 A trainer with a fixed count (``K`` micro-batches on each of ``R`` ranks) wants every step as
 full as the cap allows, and no sample left behind for ever. Exact maximum filling is a
-multiple-knapsack problem; this is a greedy in three phases, each a best fit (a group goes to
-the fullest micro-batch it still fits in, so large holes stay open for large groups):
+multiple-knapsack problem; this is a greedy, each placement a best fit (a group goes to the
+fullest micro-batch it still fits in, so large holes stay open for large groups). The
+``mandatory`` oldest groups (each fits alone, at most one per micro-batch) are always placed
+first: this is what bounds every group's wait (:class:`seqbal.StepPlanner`'s
+``max_wait_steps``); a ``quota`` asks instead for any ``needed`` of the first ``prefix``
+groups (a deadline that any of them meets). Then several fills are built and one is kept:
 
-0. **fast path** (token cost, no sample cap): one best-fit-decreasing pass over the oldest
-   groups up to the step's capacity in tokens; if they fit in ``count`` micro-batches, they are
-   the step so far (phases 1 and 2 are then done);
-1. **the oldest groups, mandatory**: the ``mandatory`` oldest groups (at most one per
-   micro-batch) in decreasing size. Best fit opens an empty micro-batch only when a group fits
-   nowhere else, and each group fits alone, so all of them are always placed: this is what
-   bounds every group's wait (:class:`seqbal.StepPlanner`'s ``max_wait_steps``);
-2. **a window of the next oldest groups**, as many as the room left could hold, in decreasing
-   size (best-fit decreasing packs much tighter than arrival order); those that do not fit wait;
-3. **younger groups into the gaps**, in arrival order, skipping those that fit nowhere; the
-   scan stops as soon as no micro-batch has room for the smallest group left.
+* **oldest first**: the next oldest groups, as many as the room left could hold, best-fit
+  decreasing (with the token cost and no sample cap, one library pass over the mandatory groups
+  and this window, when that fits ``count`` micro-batches), then younger groups into the gaps in
+  arrival order;
+* **fullest**: every other pending group in decreasing size (older first among equals), each
+  where it fits best, skipping those that fit nowhere: first-fit-decreasing quality over the
+  whole pool;
+* with mandatory groups or a quota (token cost, no sample cap): **reserving**, every group in
+  decreasing size with the mandatory ones in their places, a group placed only where those
+  still to come keep room; and **exchanged**, the fullest fill with no group mandatory, each
+  mandatory group it left out swapped in for the placed group whose loss is least.
 
-Phase 3 is where a large pool would cost: the groups that cannot fit any micro-batch's room
-are dropped in one vectorised comparison first, and the loop only visits the others. Cost:
-O(p) NumPy work on a pool of ``p`` groups plus O(c log c) for the ``c`` groups visited, each
-placement an O(bins) vectorised best-fit.
+Oldest first is kept when it places at least :data:`OLDEST_FIRST_SHARE` of the best other
+fill's cost, else the fullest of the others (with a quota, only fills that meet it count). Why
+not one: oldest first alone blocks better fits when few large groups wait (the oldest, one per
+micro-batch, leave holes nothing younger fits in arrival order); fullest alone would let old
+mid-sized groups wait behind every large arrival; a mandatory group placed first can cost more
+than one placed in its turn. Where oldest first takes everything, or no fill could beat it by
+1%, it is kept without building the others.
+
+Cost: O(p log p) NumPy work on a pool of ``p`` groups (the sort), plus O(c * count) for the
+``c`` groups placed or visited: groups that cannot fit any micro-batch's room are skipped by a
+binary search (token cost) or one vectorised comparison (other costs), not visited.
 """
 
 from __future__ import annotations
@@ -30,6 +42,9 @@ from typing import Optional
 import numpy as np
 
 from ..partition.packing import _best_fit_decreasing
+
+#: The oldest-first fill is kept when it places at least this share of the best other fill's cost.
+OLDEST_FIRST_SHARE = 0.99
 
 
 class _Bins:
@@ -112,7 +127,8 @@ def fill_bins(
     mandatory: int,
     padded: bool = False,
     max_samples: Optional[int] = None,
-) -> list[list[int]]:
+    quota: Optional[tuple[int, int]] = None,
+) -> Optional[list[list[int]]]:
     """Fill ``count`` micro-batches from groups given in arrival order (see the module docstring).
 
     Args:
@@ -125,13 +141,191 @@ def fill_bins(
         mandatory: the first ``mandatory`` groups are always placed.
         padded: padded cost (``samples x longest``) instead of summed tokens.
         max_samples: a cap on the samples of a micro-batch, or None.
+        quota: ``(prefix, needed)``: at least ``needed`` (<= ``count``) of the first ``prefix``
+            groups must be placed, any of them; None: no such demand.
 
     Returns:
-        ``count`` lists of group positions (some possibly empty), each within both caps.
+        ``count`` lists of group positions (some possibly empty), each within both caps; every
+        group left out fits in no micro-batch's room. None only with a ``quota`` no candidate
+        met (a cost model other than plain tokens: the caller then makes those groups
+        mandatory).
 
     >>> fill_bins(np.array([6, 5, 4, 3, 2]), np.ones(5, np.int64), np.array([6, 5, 4, 3, 2]), 2, 8, mandatory=2)
     [[0, 4], [1, 3]]
+    >>> fill_bins(np.array([3, 3, 7, 7]), np.ones(4, np.int64), np.array([3, 3, 7, 7]), 2, 10, mandatory=0)
+    [[0, 2], [1, 3]]
     """
+    oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
+    if mandatory >= len(cost):
+        return [sorted(members) for members in oldest.members]
+    kept, best = oldest, _placed_cost(oldest, cost)
+    threshold = best / OLDEST_FIRST_SHARE
+    if quota is None and (best == int(cost.sum()) or threshold >= count * capacity):
+        return [sorted(members) for members in oldest.members]  # everything, or no fill could beat it
+    candidates = [_fullest(cost, samples, longest, count, capacity, mandatory, padded, max_samples)]
+    if (mandatory or quota is not None) and not padded and max_samples is None:
+        candidates.append(_reserving(cost, samples, longest, count, capacity, mandatory, quota or (mandatory, 0)))
+        if mandatory and quota is None:
+            exchanged = _exchanged(cost, count, capacity, mandatory)
+            if exchanged is not None:
+                candidates.append(exchanged)
+    if quota is not None:
+        prefix, needed = quota
+        if sum(g < prefix for members in oldest.members for g in members) < needed:
+            kept, best, threshold = None, -1, -1
+        candidates = [c for c in candidates if sum(g < prefix for members in c.members for g in members) >= needed]
+    for fullest in candidates:
+        value = _placed_cost(fullest, cost)
+        if value > threshold and value > best:
+            kept, best = fullest, value
+    if kept is None:
+        return None
+    return [sorted(members) for members in kept.members]
+
+
+def _placed_cost(bins: _Bins, cost: np.ndarray) -> int:
+    placed = [g for members in bins.members for g in members]
+    return int(cost[placed].sum()) if placed else 0
+
+
+def _place_mandatory(bins: _Bins, cost_list: list, samples_list: list, longest_list: list, mandatory: int) -> None:
+    for g in sorted(range(mandatory), key=lambda g: (-cost_list[g], g)):
+        if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
+            raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+
+
+def _fullest(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+             mandatory: int, padded: bool, max_samples: Optional[int]) -> _Bins:
+    """The mandatory groups, then every other group in decreasing cost (older first among
+    equals), each by best fit, those that fit nowhere skipped."""
+    bins = _Bins(count, capacity, padded, max_samples)
+    cost_list, samples_list, longest_list = cost.tolist(), samples.tolist(), longest.tolist()
+    _place_mandatory(bins, cost_list, samples_list, longest_list, mandatory)
+    rest = np.arange(mandatory, len(cost))
+    order = rest[np.lexsort((rest, -cost[rest]))]
+    if not padded and bins.unlimited:
+        # costs descending: the first group that fits the roomiest micro-batch is a binary search
+        ascending = -cost[order]
+        position = 0
+        while position < len(order):
+            room = capacity - min(bins.load)
+            position = max(position, int(np.searchsorted(ascending, -room, side="left")))
+            if position >= len(order):
+                break
+            g = int(order[position])
+            bins.place(g, cost_list[g], samples_list[g], longest_list[g])
+            position += 1
+        return bins
+    order = order[bins.could_fit(cost[order], samples[order], longest[order])]
+    if len(order):
+        low_cost = np.minimum.accumulate(cost[order][::-1])[::-1].tolist()
+        low_samples = np.minimum.accumulate(samples[order][::-1])[::-1].tolist()
+        low_longest = np.minimum.accumulate(longest[order][::-1])[::-1].tolist()
+        for position, g in enumerate(order.tolist()):
+            if bins.place(g, cost_list[g], samples_list[g], longest_list[g]) and position + 1 < len(order):
+                nxt = position + 1
+                if bins.full_for(low_cost[nxt], low_samples[nxt], low_longest[nxt]):
+                    break
+    return bins
+
+
+def _reserving(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+               mandatory: int, quota: tuple[int, int]) -> _Bins:
+    """Token cost, no sample cap: every group in decreasing cost (older first among equals),
+    each by best fit, the mandatory ones in their places, and at least ``quota[1]`` of the
+    first ``quota[0]`` groups. A group is placed only where what must still come keeps room:
+    the mandatory groups still to come and the smallest prefix groups still needed, largest
+    first, each fit the rooms left largest first (the ``i``-th largest need, the ``i``-th
+    largest room), so each of those fits when its turn comes."""
+    bins = _Bins(count, capacity, False, None)
+    cost_list = cost.tolist()
+    everyone = np.arange(len(cost))
+    order = everyone[np.lexsort((everyone, -cost))].tolist()
+    prefix, needed = quota
+    strict = sorted((cost_list[g] for g in range(mandatory)), reverse=True)  # mandatory costs to come
+    optional = sorted(cost_list[g] for g in range(mandatory, prefix))  # other prefix costs to come, ascending
+    in_prefix = 0
+    smallest = np.minimum.accumulate(cost[order][::-1])[::-1].tolist()  # least cost from here on
+
+    def keeps_room(target: int, after: int, counted: int) -> bool:
+        extra = max(0, needed - counted - len(strict))
+        needs = sorted(strict + optional[:extra], reverse=True)
+        if not needs:
+            return True
+        if len(needs) > count:
+            return False
+        rooms = sorted((capacity - (after if b == target else load) for b, load in enumerate(bins.load)), reverse=True)
+        return all(need <= room for need, room in zip(needs, rooms))
+
+    ascending = -cost[np.asarray(order, dtype=np.int64)]  # for the binary search below
+    is_prefix = np.asarray(order, dtype=np.int64) < prefix
+    position = 0
+    while position < len(order):
+        # what does not fit the roomiest micro-batch now never will: jump past it (a reserved
+        # group always fits, so none is jumped over)
+        jump = max(position, int(np.searchsorted(ascending, -(capacity - min(bins.load)), side="left")))
+        for _ in range(int(np.count_nonzero(is_prefix[position:jump]))):
+            optional.pop()  # prefix groups jumped over, the largest of those to come
+        position = jump
+        if position >= len(order):
+            break
+        g = order[position]
+        size = cost_list[g]
+        forced = g < mandatory
+        if forced:
+            strict.remove(size)
+        elif g < prefix:
+            forced = len(optional) <= max(0, needed - in_prefix - len(strict))  # every one left is needed
+            optional.pop()  # the largest prefix cost to come is this one
+        elif not strict and in_prefix >= needed and min(bins.load) + smallest[position] > capacity:
+            break  # nothing left fits anywhere and nothing more is needed
+        position += 1
+        if forced:
+            if not bins.place(g, size, 1, size):
+                raise RuntimeError(f"internal error: reserved group {g} fits no micro-batch; please report")
+            in_prefix += g < prefix
+            continue
+        target, after = bins._best(size, 1, size)
+        if target < 0 or not keeps_room(target, after, in_prefix + (g < prefix)):
+            continue
+        bins.place(g, size, 1, size)
+        in_prefix += g < prefix
+    return bins
+
+
+def _exchanged(cost: np.ndarray, count: int, capacity: int, mandatory: int) -> Optional[_Bins]:
+    """Token cost, no sample cap: the fill of every group in decreasing cost with no group
+    mandatory, then each mandatory group it left out (largest first) put in by exchange: into
+    the micro-batch where it replaces the placed group that loses the fewest tokens (the
+    replaced group then goes wherever it still fits). None if one cannot get in."""
+    zeros = np.ones(len(cost), dtype=np.int64)
+    bins = _fullest(cost, zeros, cost, count, capacity, 0, False, None)
+    cost_list = cost.tolist()
+    placed = {g for members in bins.members for g in members}
+    for g in sorted((g for g in range(mandatory) if g not in placed), key=lambda g: (-cost_list[g], g)):
+        if bins.place(g, cost_list[g], 1, cost_list[g]):
+            continue
+        best: Optional[tuple[int, int, int]] = None  # (tokens lost, micro-batch, group replaced)
+        for b, members in enumerate(bins.members):
+            for x in members:
+                if x >= mandatory and bins.load[b] - cost_list[x] + cost_list[g] <= capacity:
+                    loss = cost_list[x] - cost_list[g]
+                    if best is None or (loss, b, x) < best:
+                        best = (loss, b, x)
+        if best is None:
+            return None
+        _, b, x = best
+        bins.members[b].remove(x)
+        bins.load[b] += cost_list[g] - cost_list[x]
+        bins.members[b].append(g)
+        bins.place(x, cost_list[x], 1, cost_list[x])  # where it still fits, if anywhere
+    return bins
+
+
+def _oldest_first(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
+                  mandatory: int, padded: bool, max_samples: Optional[int]) -> _Bins:
+    """The mandatory groups, a window of the next oldest best-fit decreasing, then younger
+    groups into the gaps in arrival order."""
     groups = len(cost)
     bins = _Bins(count, capacity, padded, max_samples)
     cost_list, samples_list, longest_list = cost.tolist(), samples.tolist(), longest.tolist()
@@ -144,7 +338,7 @@ def fill_bins(
     packed = None
     if not padded and max_samples is None and window_end > start:
         # Fast path: one library BFD pass over the mandatory groups and the window together;
-        # if it needs no more than ``count`` micro-batches, phases 1 and 2 are done.
+        # if it needs no more than ``count`` micro-batches, they are all placed.
         packed = _best_fit_decreasing(cost[:window_end], capacity)
         if len(packed) > count:
             packed = None
@@ -155,9 +349,7 @@ def fill_bins(
             bins.longest[b] = int(longest[members].max())
             bins.members[b] = list(members)
     else:
-        for g in by_size(range(start)):
-            if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
-                raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+        _place_mandatory(bins, cost_list, samples_list, longest_list, start)
         room = count * capacity - sum(bins.load)
         window_end = start + int(np.searchsorted(np.cumsum(cost[start:]), room, side="right"))
         window_end = min(groups, max(window_end, start + 1))
@@ -176,4 +368,4 @@ def fill_bins(
                     nxt = position + 1
                     if bins.full_for(low_cost[nxt], low_samples[nxt], low_longest[nxt]):
                         break
-    return [sorted(members) for members in bins.members]
+    return bins

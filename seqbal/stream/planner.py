@@ -45,7 +45,7 @@ from .fill import fill_bins
 from .layout import layout_bins
 from .pool import Arrivals, Pool
 
-__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE", "MAX_MICRO_BATCHES_PER_STEP"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE", "MAX_MICRO_BATCHES_PER_STEP", "OLDEST_PATIENCE"]
 
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
@@ -61,6 +61,10 @@ SAMPLES_PER_TRADE = 128
 #: count beyond any real run's (a thousand ranks of 64 micro-batches) is refused when the planner
 #: is built rather than allocated at the first flush.
 MAX_MICRO_BATCHES_PER_STEP = 1 << 16
+
+#: Without ``max_wait_steps``, a ``micro_batches_per_step`` step takes the oldest pending group
+#: once it has waited this many steps (else it takes whatever fills the step best).
+OLDEST_PATIENCE = 8
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
@@ -145,6 +149,10 @@ class StepPlanner:
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
+        oldest_patience: without ``max_wait_steps``, a ``K`` step takes the oldest pending group
+            once it has waited this many steps (default :data:`OLDEST_PATIENCE`); a caller that
+            builds a new planner for every step (no history) sets 0: every step then takes the
+            oldest group.
 
     Examples:
         Two ranks, two micro-batches each, under a cap of 10 tokens (a pool this small would
@@ -223,6 +231,7 @@ class StepPlanner:
             raise ValueError(f"even_slots must be None, True or False, got {even_slots!r}")
         self.even_slots = even_slots
         self.steps = 0
+        self.oldest_patience = OLDEST_PATIENCE
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step)
         self._staged: list[Arrivals] = []
 
@@ -407,13 +416,83 @@ class StepPlanner:
         count = k * ranks
         if groups == 0 or (groups < count and not flush):
             return None
-        bins = fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
-                         mandatory=min(groups, count), padded=self.cost_model.padded,
-                         max_samples=self.max_samples_per_micro_batch)
+        def fill(mandatory: int, quota: Optional[tuple[int, int]] = None) -> Optional[list[list[int]]]:
+            return fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
+                             mandatory=mandatory, padded=self.cost_model.padded,
+                             max_samples=self.max_samples_per_micro_batch, quota=quota)
+
+        low, safe = self._mandatory(count)
+        bins = fill(low)
+        if safe > low and not self._reachable_after(bins, count):
+            # first: any ``safe`` groups of the binding deadline's prefix, chosen for the fill
+            bins = fill(low, self._quota(count, safe))
+        if safe > low and (bins is None or not self._reachable_after(bins, count)):
+            # the fewest oldest groups whose fill keeps every deadline reachable (bisection;
+            # ``safe`` always does)
+            high, high_bins = safe, fill(safe)
+            while high - low > 1:
+                middle = (low + high) // 2
+                candidate = fill(middle)
+                if self._reachable_after(candidate, count):
+                    high, high_bins = middle, candidate
+                else:
+                    low = middle
+            bins = high_bins
         even = self.even_slots
         if even is None:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
+
+    def _mandatory(self, count: int) -> tuple[int, int]:
+        """How many of the oldest groups this ``K`` step must take: a first try and a safe one.
+
+        Every group of a pool that cannot fill the step (both). Without ``max_wait_steps``: the
+        oldest group once it has waited :attr:`oldest_patience` steps (so none waits for ever),
+        else none. With ``max_wait_steps=w``, first the groups due now, then (where the step
+        that took those leaves a later deadline out of reach) the safe number ``m``: a group that
+        arrived before step ``b`` must leave by step ``b + w``, and a step can always take
+        ``count`` groups (one per micro-batch); ``m`` is the largest ``D_h - h x count`` over the
+        horizons ``h`` (``D_h``: the groups due by step ``t + h``), so that at most
+        ``h x count`` groups are due within the next ``h`` steps, for every ``h``: the invariant
+        every later step finds (arrivals are due ``w`` steps after they come, and the admission
+        bound keeps the pool within ``(w + 1) x count``). O(p) on a pool of ``p`` groups.
+        """
+        groups = self._pool.group_count
+        if groups <= count:
+            return groups, groups
+        born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
+        w = self.max_wait_steps
+        if w is None:
+            first = int(self.steps - int(born[0]) >= self.oldest_patience)
+            return first, first
+        horizon = born + w - self.steps  # steps from now to each group's last step
+        due_now = int(np.searchsorted(horizon, 0, side="right"))
+        due = np.arange(1, groups + 1) - horizon * count  # groups due by that horizon, minus what fits before
+        safe = int(min(count, max(due_now, int(due.max()))))
+        return due_now, safe
+
+    def _quota(self, count: int, safe: int) -> tuple[int, int]:
+        """``(prefix, safe)``: the groups due by the binding horizon of :meth:`_mandatory` (the
+        one that asks for ``safe`` groups now); taking any ``safe`` of them meets it. O(p)."""
+        born = self._pool.columns["born"]
+        horizon = born + self.max_wait_steps - self.steps
+        due = np.arange(1, len(born) + 1) - horizon * count
+        binding = int(np.argmax(due))
+        return int(np.searchsorted(horizon, horizon[binding], side="right")), safe
+
+    def _reachable_after(self, bins: list[list[int]], count: int) -> bool:
+        """Whether every deadline stays reachable after a step that takes ``bins``: the safe
+        number of :meth:`_mandatory` at the next step would be at most ``count``. O(p)."""
+        born = self._pool.columns["born"]
+        left = np.ones(len(born), dtype=bool)
+        taken = [g for b in bins for g in b]
+        if taken:
+            left[np.asarray(taken, dtype=np.int64)] = False
+        if not left.any():
+            return True
+        horizon = born[left] + self.max_wait_steps - (self.steps + 1)
+        due = np.arange(1, int(left.sum()) + 1) - horizon * count
+        return int(due.max()) <= count and int(horizon.min()) >= 0
 
     def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
                   budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:

@@ -1,0 +1,155 @@
+"""How full a ``micro_batches_per_step`` step is, against first-fit decreasing over the pool.
+
+    python -m benchmarks.step_fill                # the table of docs/benchmarks.md
+    python -m benchmarks.step_fill --steps 40     # shorter
+    python -m benchmarks.step_fill --smoke        # seconds, for tests/test_benchmark_smoke.py
+
+:class:`seqbal.StepPlanner` with ``micro_batches_per_step=1`` on 4 ranks under a cap of 4096
+tokens, fed groups of 4 samples (a group is never split): 4 random samples of one length list,
+redrawn while their total is over the cap. Lists: every real list of ``../shared/data/lengths``
+(the shipped rollouts alone where they are absent), and uniform lengths in ``[1, 1024]`` (a
+group of 4 then spans the whole cap). Arrivals, per step:
+
+* ``steady``: a Poisson number of groups, on average 90% of what a step can hold;
+* ``outrun``: the pool is topped up to a random 50-90 groups before every step (arrivals
+  outrun the steps; the planner always has a backlog);
+* ``outrun, wait 20``: the same with ``max_wait_steps=20`` (the admission bound is then 84
+  groups: the top-up stops there);
+* ``steady, wait 2``: Poisson arrivals, ``max_wait_steps=2`` (at most 12 groups pending:
+  arrivals beyond that wait in the producer).
+
+The reference of a step: first-fit decreasing of the groups pending before it into the step's
+4 micro-batches (each group into the first one with room, largest first; those that fit none
+left out), its tokens. Columns: steps whose pending tokens exceed the step's capacity (the
+steps the ratio is taken on; the others can take everything); the step's tokens over the
+reference's, min and mean over those steps; the share of those steps under 0.95; the worst
+wait of a group (steps from the step it arrived before to the step that took it); the median
+planning time of a step (``next_step``, ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from seqbal import StepPlanner  # noqa: E402
+
+from .sft_epochs import length_lists  # noqa: E402
+
+RANKS = 4
+CAP = 4096
+GROUP = 4
+K = 1
+SCENARIOS = {  # name: (arrivals, max_wait_steps)
+    "steady": ("poisson", None),
+    "outrun": ("backlog", None),
+    "outrun, wait 20": ("backlog", 20),
+    "steady, wait 2": ("poisson", 2),
+}
+
+
+def draw_groups(lengths: np.ndarray, count: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """``count`` groups of ``GROUP`` random samples of ``lengths``, each within the cap."""
+    out: list[np.ndarray] = []
+    while len(out) < count:
+        group = lengths[rng.integers(0, len(lengths), GROUP)]
+        if int(group.sum()) <= CAP:
+            out.append(group)
+    return out
+
+
+def ffd_tokens(group_tokens: list[int], bins: int, capacity: int) -> int:
+    """Tokens first-fit decreasing places into ``bins`` bins of ``capacity``."""
+    loads = [0] * bins
+    placed = 0
+    for size in sorted(group_tokens, reverse=True):
+        for b in range(bins):
+            if loads[b] + size <= capacity:
+                loads[b] += size
+                placed += size
+                break
+    return placed
+
+
+def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    planner = StepPlanner(CAP, RANKS, micro_batches_per_step=K, max_wait_steps=wait)
+    capacity = CAP * K * RANKS
+    mean_groups = 0.9 * capacity / (GROUP * float(np.mean(lengths)))
+    pending: dict[int, tuple[int, int]] = {}  # group id -> (tokens, step it arrived before)
+    waiting: list[np.ndarray] = []  # the producer's groups not yet admitted
+    limit = None if wait is None else (wait + 1) * K * RANKS
+    next_id = 0
+    ratios, waits, times = [], [], []
+    for step in range(steps):
+        if arrivals == "poisson":
+            waiting += draw_groups(lengths, int(rng.poisson(mean_groups)), rng)
+        else:
+            target = int(rng.integers(50, 91))
+            waiting += draw_groups(lengths, max(0, target - len(pending) - len(waiting)), rng)
+        while waiting and (limit is None or len(pending) < limit):
+            group = waiting.pop(0)
+            ids = list(range(next_id * GROUP, next_id * GROUP + GROUP))
+            planner.add(ids, group.tolist(), groups=[next_id] * GROUP)
+            pending[next_id] = (int(group.sum()), planner.steps)
+            next_id += 1
+        tokens = [t for t, _ in pending.values()]
+        reference = ffd_tokens(tokens, K * RANKS, CAP)
+        start = time.perf_counter()
+        planned = planner.next_step()
+        times.append(time.perf_counter() - start)
+        if planned is None:
+            continue
+        taken = {i // GROUP for rank in planned for mb in rank for i in mb}
+        placed = sum(pending[g][0] for g in taken)
+        if sum(tokens) > capacity:
+            ratios.append(placed / reference)
+        for g in taken:
+            waits.append(planner.steps - 1 - pending.pop(g)[1])
+    return {"ratios": ratios, "waits": waits, "times": times}
+
+
+def table(steps: int, seeds: int) -> list[str]:
+    lists = dict(length_lists())
+    lists["uniform 1-1024"] = np.arange(1, CAP // GROUP + 1, dtype=np.int64)
+    out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | mean | steps under 0.95 | "
+           "worst wait (steps) | plan ms (median) |", "|---|---|---|---|---|---|---|---|"]
+    for name, lengths in lists.items():
+        for scenario, (arrivals, wait) in SCENARIOS.items():
+            ratios, waits, times = [], [], []
+            for seed in range(seeds):
+                result = simulate(lengths, arrivals, wait, steps, seed)
+                ratios += result["ratios"]
+                waits += result["waits"]
+                times += result["times"]
+            under = sum(r < 0.95 for r in ratios)
+            low = f"{min(ratios):.3f}" if ratios else "-"
+            mean = f"{statistics.mean(ratios):.3f}" if ratios else "-"
+            share = f"{under / len(ratios):.1%}" if ratios else "-"
+            out.append(f"| {name} | {scenario} | {len(ratios)} | {low} | {mean} | {share} | {max(waits)} | "
+                       f"{statistics.median(times) * 1e3:.2f} |")
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="steps per run")
+    parser.add_argument("--seeds", type=int, default=3, help="runs per list and scenario")
+    parser.add_argument("--smoke", action="store_true", help="seconds: 20 steps, one seed")
+    args = parser.parse_args(argv)
+    steps, seeds = (20, 1) if args.smoke else (args.steps, args.seeds)
+    for line in table(steps, seeds):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
