@@ -601,15 +601,16 @@ def _ci_section(number: int) -> str:
     return text[start:end.start() if end else len(text)]
 
 
-def test_the_transfer_queue_page_installs_what_ci_installs():
-    """docs/transfer_queue.md's install lines are .ci/run's TransferQueue environment's pins."""
-    recipe = [code for info, code, _ in blocks(ROOT / "docs" / "transfer_queue.md")
-              if info.split()[:1] == ["bash"] and "--no-deps TransferQueue==" in code]
-    assert len(recipe) == 1
-    section = _ci_section(6).replace("\\\n", " ")
-    assert "TransferQueue==0.1.11" in section
-    ci = _pins(line.replace('"', "") for line in section.splitlines() if not line.lstrip().startswith("#"))
-    assert _pins(recipe[0].splitlines()) == ci - {"torch==2.13.0"}, (_pins(recipe[0].splitlines()), ci)
+@pytest.mark.parametrize("page, marker, section", [("transfer_queue.md", "--no-deps TransferQueue==", 6),
+                                                   ("llamafactory.md", "--no-deps llamafactory==", 9)])
+def test_a_homes_page_installs_what_its_ci_environment_installs(page, marker, section):
+    """The page's install lines are its .ci/run environment's pins, no more, no fewer."""
+    recipe = [code for info, code, _ in blocks(ROOT / "docs" / page) if info.split()[:1] == ["bash"] and marker in code]
+    assert len(recipe) == 1, page
+    text = _ci_section(section).replace("\\\n", " ")
+    ci = _pins(line.replace('"', "") for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert marker.split()[-1] in " ".join(ci)
+    assert _pins(recipe[0].splitlines()) == ci, (_pins(recipe[0].splitlines()), ci)
 
 
 def test_ci_turns_axolotls_telemetry_off_as_the_page_says():
