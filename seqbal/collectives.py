@@ -97,6 +97,8 @@ class Agreement:
         world_size: size of the group.
         must_match_ranges: for each value passed as ``must_match``, ``(min, max)`` over the
             ranks that gave one, or None if no rank did; the ranks agree on it iff min == max.
+        per_rank: for each value passed as ``each_rank``, every rank's value in rank order
+            (group-local), None where a rank gave none.
     """
 
     count: int
@@ -107,6 +109,7 @@ class Agreement:
     error_rank: int
     world_size: int
     must_match_ranges: tuple[Optional[tuple[int, int]], ...] = ()
+    per_rank: tuple[tuple[Optional[int], ...], ...] = ()
 
 
 # Below every valid entry (values are >= 0, negated ones <= 0 and > this): a rank with no value
@@ -121,6 +124,7 @@ def agree_on_constraints(
     error_code: int,
     group: Any,
     must_match: Sequence[Optional[int]] = (),
+    each_rank: Sequence[Optional[int]] = (),
 ) -> Agreement:
     """All-reduce (MAX) the local facts in one int64 tensor and decode the agreement.
 
@@ -129,6 +133,10 @@ def agree_on_constraints(
     ``must_match`` holds the values every rank must pass identically (ints in [0, 2**63 - 1],
     None for "this rank has no valid value"); each travels as itself and negated, so the one
     MAX yields both its maximum and its minimum. Every rank must pass the same number of them.
+    ``each_rank`` holds values (ints in [0, 2**63 - 1], or None) that every rank must learn from
+    every other (a rank's claimed position among the replicas): each takes ``world`` slots, the
+    rank's own slot holds its value and the others drop out of the MAX, so the one all-reduce
+    returns them all. Tensor: ``4 + 2 x len(must_match) + world x len(each_rank)`` int64s.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -137,13 +145,15 @@ def agree_on_constraints(
     # (v // world, v % world) recovers both because 0 <= rank < world.
     groups_entry = -num_groups * world + rank
     matched = [entry for value in must_match for entry in ((_ABSENT, _ABSENT) if value is None else (value, -value))]
+    slots = [_ABSENT if value is None or r != rank else value for value in each_rank for r in range(world)]
     packed = torch.tensor(
-        [proposal, max_group_tokens, groups_entry, error_entry, *matched],
+        [proposal, max_group_tokens, groups_entry, error_entry, *matched, *slots],
         dtype=torch.int64,
         device=_collective_device(group),
     )
     dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=group)
-    count, group_tokens, groups_value, error_value, *matched_values = packed.cpu().tolist()
+    count, group_tokens, groups_value, error_value, *rest = packed.cpu().tolist()
+    matched_values, slot_values = rest[: len(matched)], rest[len(matched):]
     if error_value >= 0:
         agreed_code, agreed_rank = divmod(error_value, world)
     else:
@@ -161,6 +171,10 @@ def agree_on_constraints(
         error_rank=int(agreed_rank),
         world_size=world,
         must_match_ranges=ranges,
+        per_rank=tuple(
+            tuple(None if v == _ABSENT else int(v) for v in slot_values[i * world:(i + 1) * world])
+            for i in range(len(each_rank))
+        ),
     )
 
 

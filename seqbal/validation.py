@@ -209,6 +209,11 @@ def int_array(
     seqbal.validation.LengthsError: sample 1 has 9223372036854775813 tokens, more than seqbal counts in int64 (2**63 - 1)
     """
     array = _tensor_values(values, name) if _is_torch_tensor(values) else np.asarray(values)
+    if isinstance(values, (list, tuple)) and array.dtype.kind in "iuf":
+        kinds = set(map(type, values))  # NumPy reads [True, 3] as [1, 3]: a bool among ints is no length
+        if bool in kinds or np.bool_ in kinds:
+            index = next(i for i, v in enumerate(values) if isinstance(v, (bool, np.bool_)))
+            raise LengthsError(f"{name} must hold integers, got {values[index]!r} (a bool) at item {index}", "bad")
     if array.ndim != 1:
         what = f"a {type(values).__name__}" if array.ndim == 0 else f"shape {tuple(array.shape)}"
         raise LengthsError(f"{name} must be one-dimensional (a sequence, array or tensor of ints), got {what}", "bad")
@@ -359,3 +364,57 @@ def check_is_partition(bins: Sequence[Sequence[Any]], n: int) -> None:
             seen[item] = True
     if not seen.all():
         raise ValueError(f"bins hold {int(seen.sum())} of the {n} items; item {int(np.argmin(seen))} is missing")
+
+
+# ---------------------------------------------------------------------------------------------
+# Group ids
+# ---------------------------------------------------------------------------------------------
+
+
+def _id_value(value: Any) -> Any:
+    """One group id as a value: a 0-d tensor or array, or a NumPy scalar, becomes its Python
+    scalar; a tensor or array of several values the tuple of them. Anything else is itself."""
+    if _is_torch_tensor(value) or isinstance(value, (np.ndarray, np.generic)):
+        if _is_torch_tensor(value):
+            value = value.detach().cpu()
+        items = value.tolist()
+        return tuple(items) if isinstance(items, list) else items
+    return value
+
+
+def group_keys(group_ids: Any, name: str = "group_ids") -> list[Any]:
+    """Group ids (a sequence, a NumPy array or a 1-D tensor, one id per sample) as a list of
+    hashable values, so that equal ids are one group however they were given. O(n).
+
+    A 0-d tensor hashes by identity (``torch.tensor(1)`` and another ``torch.tensor(1)`` are
+    different dict keys), so ids given as a tensor, an array or a list of 0-d tensors are read
+    as their values: every entry point that takes group ids (:class:`seqbal.StepPlanner`,
+    :func:`seqbal.build_dp_schedule`, the samplers) groups by what this returns.
+
+    Raises:
+        ValueError: not a sequence (a 0-d tensor or array, a scalar, a set), or an id that is
+            not hashable (naming its position).
+
+    >>> import numpy as np
+    >>> group_keys(np.array([7, 7, 3])), group_keys([np.int64(1), 1, "a"])
+    ([7, 7, 3], [1, 1, 'a'])
+    """
+    if _is_torch_tensor(group_ids) or isinstance(group_ids, np.ndarray):
+        shape = tuple(group_ids.shape)
+        if len(shape) != 1:
+            raise ValueError(
+                f"{name} must be one id per sample (a 1-D {type(group_ids).__name__}), got shape {shape}")
+        return group_ids.detach().cpu().tolist() if _is_torch_tensor(group_ids) else group_ids.tolist()
+    if isinstance(group_ids, (str, bytes, set, frozenset, dict)) or not hasattr(group_ids, "__len__") \
+            or not hasattr(group_ids, "__getitem__"):
+        raise ValueError(
+            f"{name} must be a sequence (list, tuple, array or tensor) of one hashable id per sample, got "
+            f"{type(group_ids).__name__}"
+        )
+    keys = [_id_value(v) for v in group_ids]
+    for position, key in enumerate(keys):
+        try:
+            hash(key)
+        except TypeError:
+            raise ValueError(f"{name}[{position}] is {key!r} of type {type(key).__name__}, which is not hashable") from None
+    return keys

@@ -56,8 +56,19 @@ def assert_clean_failure(result: subprocess.CompletedProcess, *needles: str) -> 
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr + result.stdout
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "9223372036854775807" not in result.stderr  # the int64 ceiling is no number a user picks
     for needle in needles:
         assert needle in result.stderr, (needle, result.stderr)
+
+
+PHASE_LINE = re.compile(r"seqbal: [^\n]+ \.\.\.")
+
+
+def assert_only_phase_lines(stderr: str) -> None:
+    """Standard error of a piped run holds nothing but whole progress lines, one per phase."""
+    assert stderr == "" or stderr.endswith("\n"), stderr
+    for line in stderr.splitlines():
+        assert PHASE_LINE.fullmatch(line), (line, stderr)
 
 
 def plan_json(*args: str) -> dict:
@@ -77,7 +88,7 @@ VERL = r"(?:verl 0\.9\.1|verl >= 0\.9)"  # verl's own code where installed, else
 def test_default_sample_prints_seqbal_and_both_verl_versions():
     result = run("plan", timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""  # no progress and no verl import warnings in a pipe
+    assert_only_phase_lines(result.stderr)  # progress, one line a phase, and no verl import warnings
     out = result.stdout
     assert "qwen25math_cot_rollouts.txt (shipped sample): 800 samples, 383611 tokens" in out
     # the report leads with what changes for the user: count, largest micro-batch, time, impossible input
@@ -173,7 +184,7 @@ def test_sample_cap_reaches_the_planner_and_the_report(route):
     assert_clean_failure(call("plan", "--group-size", "4", "--max-token-len", "16384", "--max-samples-per-micro-batch", "3"),
                          "forced group of 4 samples exceeds max_samples_per_micro_batch=3")
     assert_clean_failure(call("plan", "--max-samples-per-micro-batch", "0"),
-                         "argument --max-samples-per-micro-batch: must be an integer from 1")
+                         "argument --max-samples-per-micro-batch: must be a positive integer")
 
 
 def test_the_comparison_says_verl_has_no_sample_cap():
@@ -276,13 +287,13 @@ def test_missing_file():
 @pytest.mark.parametrize(
     "args, needles",
     [
-        (["--max-token-len", "0"], ["argument --max-token-len: must be an integer from 1 to"]),
+        (["--max-token-len", "0"], ["argument --max-token-len: must be a positive integer"]),
         (["--group-size", "7"], ["--group-size 7 does not divide the number of samples 800"]),
-        (["--group-size", "0"], ["argument --group-size: must be an integer from 1"]),
-        (["--divisible-by", "0"], ["argument --divisible-by: must be an integer from 1"]),
+        (["--group-size", "0"], ["argument --group-size: must be a positive integer"]),
+        (["--divisible-by", "0"], ["argument --divisible-by: must be a positive integer"]),
         (["--min-micro-batches", "801"], ["Cannot satisfy max_token_len=4096"]),
         (["--dp", "8", "--min-micro-batches", "101", "--route", "contiguous"], ["rank 7: Cannot satisfy max_token_len=4096"]),
-        (["--dp", "0"], ["argument --dp: must be an integer from 1"]),
+        (["--dp", "0"], ["argument --dp: must be a positive integer"]),
         (["--dp", "801"], ["cannot split 800 group(s)"]),
         (["--dp", "10000"], ["over --dp 10000 ranks", "--dp can be at most 800 here"]),
         (["--group-size", "8", "--dp", "101"], ["cannot split 100 group(s) of 8 sample(s)", "--dp can be at most 100 here"]),
@@ -417,7 +428,7 @@ def test_parquet_value_too_large(tmp_path):
     [
         (["--max-token-len", str(2**63)], ["argument --max-token-len", str(2**63)]),
         (["--max-token-len", BIG], ["argument --max-token-len"]),
-        (["--seed", "-1"], ["argument --seed: must be an integer from 0"]),
+        (["--seed", "-1"], ["argument --seed: must be a non-negative integer"]),
         (["--dp", "-3"], ["argument --dp"]),
         (["--plot", "x.txt"], ["--plot x.txt", ".png"]),
         (["--route", "random"], ["argument --route: invalid choice"]),
@@ -904,7 +915,42 @@ def test_progress_goes_to_a_terminal_stderr_only():
     assert "seqbal: planning 800 samples with seqbal ..." in terminal
     assert terminal.endswith("\r\x1b[K")  # the line is erased at the end
     piped = run("plan", "--json", "--compare", "off")
-    assert piped.returncode == 0 and piped.stderr == ""  # nothing in a pipe
+    assert piped.returncode == 0  # a pipe: whole lines, one per phase that lasted, never redrawn
+    assert "\r" not in piped.stderr and "[#" not in piped.stderr
+    assert_only_phase_lines(piped.stderr)
+    quiet = run("plan", "--json", "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    json.loads(quiet.stdout)
+
+
+def test_a_slow_phase_is_announced_in_a_pipe_within_a_second(monkeypatch):
+    """A pipe is told what is being computed once a phase lasts (0.5 s); a quick phase says nothing."""
+    import time
+
+    from seqbal.cli.compare import Progress
+
+    stream = io.StringIO()
+    progress = Progress(stream)
+    progress.phase("quick")
+    progress.phase("slow")
+    time.sleep(Progress.LINE_DELAY + 0.7)
+    progress.phase("ended before its line was due")
+    progress.done()
+    assert stream.getvalue() == "seqbal: slow ...\n"
+
+
+def test_all_zero_lengths_plan_and_skip_the_comparison(tmp_path):
+    """verl's own code cannot split all-zero lengths; seqbal plans them, and the comparison is a
+    one-line note, never the command's exit."""
+    path = tmp_path / "zeros.txt"
+    path.write_text("0\n0\n0\n")
+    result = call("plan", str(path), "--compare", "on")
+    assert result.returncode == 0, result.stderr
+    assert "seqbal: 1 micro-batch per rank" in result.stdout
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("comparison with verl")]
+    assert len(skipped) == 1 and "skipped" in skipped[0], result.stdout
+    report = plan_json(str(path), "--compare", "on")
+    assert report["verl_0_9"] is None and report["comparison_error"] and not report["settings"]["compare"]
 
 
 def test_plot_legend_sits_outside_the_bars():
@@ -950,7 +996,7 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
 
     terminal = Terminal()
     progress = command.Progress
-    monkeypatch.setattr(command, "Progress", lambda: progress(terminal))  # call() redirects sys.stderr
+    monkeypatch.setattr(command, "Progress", lambda quiet=False: progress(terminal, quiet=quiet))  # call() redirects sys.stderr
     path = tmp_path / "lengths.txt"
     path.write_text("\n".join(str(100 + (i * 37) % 900) for i in range(400)) + "\n")
     result = call("plan", str(path), "--dp", "2", "--compare", "off")

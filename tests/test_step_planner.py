@@ -14,6 +14,24 @@ from seqbal.stream import fill_bins
 from tests.step_invariants import Tracker
 
 
+#: How a caller may pass group ids: each must group by value, as the list does (0-d tensors hash
+#: by identity, so a planner that grouped the objects would split every group).
+GROUP_FORMS = ("list", "array", "tensor", "0-d tensors", "numpy scalars")
+
+
+def as_form(groups: list[int], form: str):
+    import torch
+
+    return {"list": lambda: list(groups), "array": lambda: np.array(groups), "tensor": lambda: torch.tensor(groups),
+            "0-d tensors": lambda: [torch.tensor(g) for g in groups],
+            "numpy scalars": lambda: [np.int32(g) for g in groups]}[form]()
+
+
+def plain(groups) -> list[int]:
+    """Group ids as Python ints, read without seqbal (what the tracker groups by)."""
+    return [int(g) for g in groups]
+
+
 def run_stream(planner: StepPlanner, tracker: Tracker, ops: list) -> None:
     """Apply ``ops`` (``("add", indices, lengths, groups)`` or ``("step", flush)``), checking every
     step and every refused add; then flush until empty and check that nothing was lost."""
@@ -26,7 +44,7 @@ def run_stream(planner: StepPlanner, tracker: Tracker, ops: list) -> None:
             except ValueError:
                 assert planner.pending == before, "a refused add changed the pool"
                 continue
-            tracker.added(indices, lengths, groups)
+            tracker.added(indices, lengths, plain(groups))
             assert planner.pending == tracker.pending
         else:
             tracker.check_step(planner.next_step(flush=op[1]), op[1])
@@ -66,7 +84,8 @@ def streams(draw):
             lengths = draw(st.lists(st.integers(0, top), min_size=n, max_size=n))
             indices = list(range(next_index, next_index + n))
             next_index += n
-            ops.append(("add", indices, lengths, [g for g, c in enumerate(sizes) for _ in range(c)]))
+            ids = [g for g, c in enumerate(sizes) for _ in range(c)]
+            ops.append(("add", indices, lengths, as_form(ids, draw(st.sampled_from(GROUP_FORMS)))))
         else:
             ops.append(("step", draw(st.integers(0, 4)) == 0))
     even = draw(st.sampled_from([None, True, False]))

@@ -40,6 +40,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{_error_line(message)} (see '{self.prog} --help')\n")
 
 
+def _range_words(low: int, high: int) -> str:
+    """``a positive integer`` rather than ``an integer from 1 to 9223372036854775807``: the int64
+    ceiling is a limit of the arithmetic, not a number a user chooses from."""
+    if high >= MAX_INT64:
+        return {0: "a non-negative integer", 1: "a positive integer"}.get(low, f"an integer of at least {low}")
+    return f"an integer from {low} to {high}"
+
+
 def _int_in(low: int, high: int = MAX_INT64) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -47,7 +55,7 @@ def _int_in(low: int, high: int = MAX_INT64) -> Callable[[str], int]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer, got {text!r:.40}") from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {text!r:.40}")
+            raise argparse.ArgumentTypeError(f"must be {_range_words(low, high)}, got {text!r:.40}")
         return value
 
     parse.__name__ = "integer"
@@ -111,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--calibration", metavar="FILE.json",
                       help="a calibration saved by seqbal.memory.calibrate(...).save(FILE.json)")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
+    plan.add_argument("-q", "--quiet", action="store_true",
+                      help="no progress on standard error (by default each phase of a run is one line there; "
+                           "on a terminal, one line redrawn in place and erased at the end)")
     plan.add_argument("--width", metavar="COLUMNS", type=_int_in(40, 1000), default=None,
                       help=f"width of the text report (default {DEFAULT_WIDTH}, or the terminal's width where it is wider)")
     plan.add_argument("--plot", metavar="FILE.png", help="draw micro-batch token fill against the cap (needs matplotlib; "
@@ -169,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (InputError, ValueError) as error:
             print(_error_line(error), file=sys.stderr)
             return EXIT_USAGE
-    progress = Progress()
+    progress = Progress(quiet=args.quiet)
     try:
         plot = _plot_path(args.plot) if args.plot else None
         report = build_report(args, progress=progress)

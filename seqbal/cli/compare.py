@@ -8,14 +8,16 @@ ran. A faster stand-in would make seqbal look slower than it is against the verl
 verl's Karmarkar-Karp builds ``k`` set objects per sample per pass (``k`` the micro-batch
 count), so the comparison grows as samples x micro-batches and takes minutes on large inputs:
 by default it runs only up to :data:`COMPARE_AUTO_MAX_KK_SETS` of them; ``--compare on|off``
-overrides the rule. Long runs show their phase on standard error (:class:`Progress`) when it is
-a terminal, never on standard output.
+overrides the rule. A comparison that cannot run on an input (verl's own code fails on it) is
+skipped with a one-line note; it never takes seqbal's plan down. Every run shows its phases on
+standard error (:class:`Progress`), never on standard output.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -45,21 +47,32 @@ def kk_sets_per_pass(rank_lengths: Sequence[np.ndarray], max_token_len: int, gro
 
 
 class Progress:
-    """The current phase of a long run on standard error, only when that is a terminal.
+    """The current phase of a run on standard error, so that a user sees at once what is being
+    computed, whether the output is a terminal or a pipe.
 
-    One line, rewritten in place and erased at the end, so nothing of it is left in the
-    terminal, and nothing at all goes to a pipe, a file or standard output.
+    On a terminal: one line, rewritten in place (with a bar for the planning's fraction done)
+    and erased at the end, so nothing of it is left. Otherwise (a pipe, a file, a CI log): one
+    line per phase, ``seqbal: <phase> ...``, and no bar; a phase that ends within
+    :data:`LINE_DELAY` seconds writes nothing, so a quick run (or a quick error, which is then the
+    only line on standard error) leaves standard error empty, and a slow one says what it is
+    computing within a second. Nothing ever goes to standard output; ``quiet=True`` writes
+    nothing at all.
     """
 
     #: Characters of the bar that :meth:`fraction` draws.
     BAR_WIDTH = 30
+    #: Seconds a phase runs before a pipe is told about it.
+    LINE_DELAY = 0.5
 
-    def __init__(self, stream: Optional[Any] = None) -> None:
+    def __init__(self, stream: Optional[Any] = None, quiet: bool = False) -> None:
         self.stream = stream if stream is not None else sys.stderr
         isatty = getattr(self.stream, "isatty", None)
-        self.active = bool(isatty and isatty())
+        self.active = not quiet and bool(isatty and isatty())  # the redrawn line of a terminal
+        self.lines = not quiet and not self.active  # one line per phase elsewhere
         self.shown = False
         self._percent: Optional[int] = None
+        self._pending: Optional[threading.Timer] = None
+        self._lock = threading.Lock()
 
     def phase(self, text: str) -> None:
         if self.active:
@@ -67,6 +80,27 @@ class Progress:
             self.stream.flush()
             self.shown = True
             self._percent = None
+        elif self.lines:
+            self._cancel()
+            timer = threading.Timer(self.LINE_DELAY, self._write_line, (f"seqbal: {text} ...\n",))
+            timer.daemon = True
+            with self._lock:
+                self._pending = timer
+            timer.start()
+
+    def _write_line(self, line: str) -> None:
+        with self._lock:
+            if self._pending is None or self._pending.args[0] != line:
+                return  # the phase ended while the timer fired
+            self._pending = None
+            self.stream.write(line)
+            self.stream.flush()
+
+    def _cancel(self) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
 
     def fraction(self, text: str, done: int, total: int) -> None:
         """``text [#####.....] 42%``, redrawn only when the percentage changes (``done`` is
@@ -83,6 +117,7 @@ class Progress:
         self.shown = True
 
     def done(self) -> None:
+        self._cancel()
         if self.active and self.shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
@@ -111,7 +146,7 @@ def _compare_with_verl(split: RankSplit, args: argparse.Namespace, progress: Pro
     """verl >= 0.9 (strict loop) and verl <= 0.8 (one pass) on the ranks seqbal planned."""
     options = dict(force_group_size=args.group_size, num_batches_divided_by=args.divisible_by,
                    min_num_micro_batch=args.min_micro_batches)
-    progress.phase("importing verl for the comparison")
+    progress.phase("importing verl for the comparison (a few seconds; --compare off skips it)")
     code: VerlCode = load_verl()
     dp = len(split.lengths)
     with _OneTorchThread():

@@ -149,7 +149,7 @@ def build_report(
     args: argparse.Namespace, stdin: Optional[io.TextIOBase] = None, progress: Optional[Progress] = None
 ) -> dict[str, Any]:
     """Read, split, plan with seqbal and (when compared) with verl; the dict ``--json`` prints."""
-    progress = progress or Progress(io.StringIO())
+    progress = progress or Progress(quiet=True)
     progress.phase(f"reading {args.file or 'the shipped sample'}")
     lengths = read_lengths(args.file, field=args.field, column=args.column, stdin=stdin)
     check_workload_range(lengths)
@@ -205,12 +205,18 @@ def build_report(
         },
         "verl_0_9": None,
         "verl_0_8": None,
+        "comparison_error": None,
         "routes": None,
         "impossible_input": dict(IMPOSSIBLE_INPUT),
     }
     if not compare:
         return report
-    report["verl_0_9"], report["verl_0_8"] = _compare_with_verl(split, args, progress)
+    try:
+        report["verl_0_9"], report["verl_0_8"] = _compare_with_verl(split, args, progress)
+    except Exception as error:  # noqa: BLE001 - the comparison is extra: its failure never takes the plan down
+        report["settings"]["compare"] = False
+        report["comparison_error"] = f"{type(error).__name__}: {' '.join(str(error).split())}"[:300]
+        return report
     if args.dp > 1:
         progress.phase("seqbal on the other routes")
         routes = {}
@@ -361,6 +367,10 @@ def format_report(report: dict[str, Any], width: int = DEFAULT_WIDTH) -> str:
         + " (--json also gives ceildiv(tokens, cap), where verl starts)", width)
     for note in _TABLE_NOTES.values():
         lines += _wrap(note, width)
+    if strict is None and report.get("comparison_error"):
+        lines += [""] + _wrap(f"comparison with verl skipped: verl's code could not plan this input "
+                              f"({report['comparison_error']}); seqbal's plan above is complete", width)
+        return "\n".join(lines)
     if strict is None:
         reason = (f"verl's Karmarkar-Karp would build {settings['kk_sets_per_pass']:,} sets per pass here "
                   f"(samples x micro-batches, all ranks; auto compares up to {COMPARE_AUTO_MAX_KK_SETS:,}, "

@@ -19,10 +19,11 @@ not fit (rare: a draw fits at the chosen count by construction, and a later one 
 random draw) takes that plan too, so every epoch keeps every promise.
 
 Every rank computes the same plan from the same global lengths and settings, deterministically
-by ``(seed, epoch)``. Where torch.distributed is initialised and the plan spans more than one
-rank, the sampler proves that with one small all-reduce when it is built
-(:mod:`seqbal.epochs.agreement`), so a rank whose lengths differ by one token is an
-error on every rank, not a silent loss of data.
+by ``(seed, epoch)``. Where torch.distributed is initialised and the sampler's process group
+has more than one rank, the sampler proves that with one small all-reduce when it is built
+(:mod:`seqbal.epochs.agreement`), whatever its arguments say: a rank whose lengths differ by one
+token, that believes it is alone (``num_replicas=1``) or that passes a peer's ``rank`` is an
+error on every rank, not a silent loss of data or a hang.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..cost import CostModel, as_cost_model
 from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
-from ..validation import int_argument, int_array
+from ..validation import int_argument, int_array, is_int
 from .agreement import agree_or_raise, digest
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
@@ -49,9 +50,10 @@ FRESH_COUNT_SLACK = 0.01
 DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03))
 
 
-def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
-    """torch's ``DistributedSampler`` defaults: the default process group's size and rank, or one
-    process without an initialised torch.distributed."""
+def _default_replicas(num_replicas: Optional[int], rank: Optional[int], process_group: Any = None) -> tuple[int, int]:
+    """torch's ``DistributedSampler`` defaults, taken from ``process_group`` (None: the default
+    group): its size and this process's rank in it, or one process without an initialised
+    torch.distributed."""
     if num_replicas is None or rank is None:
         initialised = False
         try:
@@ -61,13 +63,21 @@ def _default_replicas(num_replicas: Optional[int], rank: Optional[int]) -> tuple
         except ImportError:  # pragma: no cover - torch ships torch.distributed
             pass
         if num_replicas is None:
-            num_replicas = dist.get_world_size() if initialised else 1
+            num_replicas = dist.get_world_size(process_group) if initialised else 1
         if rank is None:
-            rank = dist.get_rank() if initialised else 0
+            rank = dist.get_rank(process_group) if initialised else 0
     num_replicas = int_argument("num_replicas", num_replicas)
-    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < num_replicas:
+    if not is_int(rank) or not 0 <= rank < num_replicas:
         raise ValueError(f"rank must be an int in [0, {num_replicas}) (num_replicas={num_replicas}), got {rank!r}")
     return num_replicas, int(rank)
+
+
+def _epoch_argument(epoch: Any, where: str) -> int:
+    """An epoch number checked: an int >= 0 (Python or NumPy), else a ``ValueError`` naming
+    ``where`` (``set_epoch``). O(1)."""
+    if not is_int(epoch) or epoch < 0:
+        raise ValueError(f"{where}: epoch must be an int >= 0, got {epoch!r}")
+    return int(epoch)
 
 
 class _Items:
@@ -144,18 +154,20 @@ class TokenBudgetBatchSampler:
       docstring for the inputs that keep one tight plan, ``mix == "fixed"``), deterministic by
       ``seed`` and epoch: iterating again gives the same batches, so skipping the first ``k``
       (transformers does on resume) leaves exactly the remaining ones;
-    - where torch.distributed is initialised and ``num_replicas > 1``, every rank of
-      ``process_group`` has checked, in one all-reduce here, that all ranks passed the same
-      lengths and settings; if not, every rank raises the same ``ValueError`` (what differs, the
-      first differing sample). Build the sampler on every rank of that group.
+    - where torch.distributed is initialised and ``process_group`` has more than one rank
+      (whatever ``num_replicas`` says), every rank of it has checked, in one all-reduce here,
+      that all ranks passed the same lengths and settings, that ``num_replicas`` is the group's
+      size and that each rank passed its own ``rank``; if not, every rank raises the same
+      ``ValueError`` (what differs, the first differing sample, the two ranks that passed one
+      ``rank``). Build the sampler on every rank of that group.
 
     Args:
         lengths: the tokens of every sample of the dataset (all ranks' samples, the same list on
             every rank).
         max_token_len: hard cap on a micro-batch's cost.
-        num_replicas: data-parallel ranks; default the default process group's size (1 without
-            torch.distributed).
-        rank: this rank; default the process group's rank (0).
+        num_replicas: data-parallel ranks; default ``process_group``'s size (1 without
+            torch.distributed). In a process group of several ranks it must be the group's size.
+        rank: this rank, in ``[0, num_replicas)``; default its rank in ``process_group`` (0).
         seed: shuffle seed (combined with the epoch).
         shuffle: False: the same micro-batches every epoch (the first epoch's), heaviest slot
             first.
@@ -165,8 +177,9 @@ class TokenBudgetBatchSampler:
         gradient_accumulation_steps: the count per rank is made a multiple of this.
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
             default None (as many as fit the tokens).
-        process_group: the ranks that build this sampler and check each other's inputs;
-            default the default process group.
+        process_group: the ranks that build this sampler and check each other's inputs, one
+            per replica; default the default process group. With tensor or pipeline
+            parallelism, pass the data-parallel group (the ranks that split the data).
 
     Complexity: building costs one BFD pass over the groups plus one or two random draws
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
@@ -199,9 +212,10 @@ class TokenBudgetBatchSampler:
         settings: dict[str, Optional[int]] = dict.fromkeys(
             ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
              "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas"))
+        num_replicas_checked = rank_checked = None
         try:  # every local check first, so that an error here is agreed with the other ranks
-            self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
-            num_replicas = self.num_replicas
+            self.num_replicas, self.rank = _default_replicas(num_replicas, rank, process_group)
+            num_replicas_checked, rank_checked = self.num_replicas, self.rank
             settings["num_replicas"] = self.num_replicas
             self.max_token_len = int_argument("max_token_len", max_token_len)
             settings["max_token_len"] = self.max_token_len
@@ -224,7 +238,8 @@ class TokenBudgetBatchSampler:
                               empty="lengths is empty: the dataset has no sample to plan")
         except ValueError as caught:
             error = caught
-        agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="TokenBudgetBatchSampler")
+        agree_or_raise(list(settings.items()), array, error, process_group, who="TokenBudgetBatchSampler",
+                       num_replicas=num_replicas_checked, rank=rank_checked, ranked=True)
         # Past this point every rank holds the same inputs: what follows is the same everywhere,
         # errors included, so a rank can raise without leaving another in a collective.
         self.lengths = array
@@ -346,8 +361,9 @@ class TokenBudgetBatchSampler:
         return self.count // self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose plan :meth:`__iter__` yields. O(1)."""
-        self.epoch = int(epoch)
+        """Select the epoch whose plan :meth:`__iter__` yields: an int >= 0 (else a
+        ``ValueError`` naming ``set_epoch``). O(1)."""
+        self.epoch = _epoch_argument(epoch, "set_epoch")
 
     # --- an epoch's plan -----------------------------------------------------------------------
 
@@ -367,7 +383,7 @@ class TokenBudgetBatchSampler:
     def epoch_source(self, epoch: int) -> str:
         """How ``epoch`` is planned: ``"deal"`` or ``"best fit"`` (a fresh random partition, see
         :data:`DRAWS`), or ``"tight"`` (the tight plan, relabelled). O(n log K)."""
-        return self._epoch_bins(int(epoch))[1] or "tight"
+        return self._epoch_bins(_epoch_argument(epoch, "epoch_source"))[1] or "tight"
 
     def _relabel(self, bins: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """``bins`` with the forced groups of equal cost traded at random (equal rounded tokens
@@ -401,7 +417,7 @@ class TokenBudgetBatchSampler:
     def epoch_plan(self, epoch: Optional[int] = None) -> list[list[list[int]]]:
         """Every rank's micro-batches for ``epoch`` (default the current one): ``[rank][slot]``,
         ascending global indices. The same on every rank. O(n log n)."""
-        epoch = self.epoch if epoch is None else int(epoch)
+        epoch = self.epoch if epoch is None else _epoch_argument(epoch, "epoch_plan")
         return self._rank_plan(epoch, range(self.num_replicas))
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -426,9 +442,12 @@ def pack_rows(
     ``datasets.map`` batch (1000 samples by default) separately, the whole list is packed at
     once, so rows are never fewer than TRL's would be for want of partners.
 
-    Where torch.distributed is initialised and ``num_replicas > 1``, call it on every rank of
-    ``process_group`` (default: the default group): the ranks check in one all-reduce that they
-    pass the same lengths and arguments, and all raise the same ``ValueError`` if not.
+    Where torch.distributed is initialised and ``process_group`` (default: the default group)
+    has more than one rank, call it on every rank of that group, whatever ``num_replicas`` says:
+    the ranks check in one all-reduce that they pass the same lengths and arguments and that
+    ``num_replicas`` is the group's size or, on every rank alike, 1 (rows packed once for the
+    whole group, to be shared out afterwards, e.g. by a ``DistributedSampler`` over the rows),
+    and all raise the same ``ValueError`` if not.
 
     Returns:
         ``[rank][row]``: ascending sample indices per row; every rank has the same number of
@@ -455,7 +474,10 @@ def pack_rows(
                           empty="lengths is empty: the dataset has no sample to pack")
     except ValueError as caught:
         error = caught
-    agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="pack_rows")
+    # num_replicas=1 on every rank is packing once for the group (compared like every setting);
+    # any other count must be the group's size.
+    agree_or_raise(list(settings.items()), array, error, process_group, who="pack_rows",
+                   num_replicas=None if settings["num_replicas"] == 1 else settings["num_replicas"])
     items = _Items(array, seq_length, "seq_length", cost, 1)
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
         from ..schedule import build_dp_schedule

@@ -42,6 +42,7 @@ import types
 from typing import Any, Iterator, Optional
 
 from ..epochs.sampler import TokenBudgetBatchSampler
+from ..validation import int_argument, is_int
 from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
 __all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable"]
@@ -65,12 +66,10 @@ def micro_batch_cap(cfg: Any) -> int:
     if cap is None:
         micro, seq = _get(cfg, "micro_batch_size"), _get(cfg, "sequence_len")
         for name, value in (("micro_batch_size", micro), ("sequence_len", seq)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:  # Python or NumPy ints (a config read from arrays)
                 raise ValueError(f"seqbal's axolotl plug-in needs {name} to be a positive int, got {value!r}")
-        cap = micro * seq
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ValueError(f"seqbal_max_token_len must be a positive int, got {cap!r}")
-    return cap
+        cap = int(micro) * int(seq)
+    return int_argument("seqbal_max_token_len", cap)
 
 
 def _get(cfg: Any, name: str) -> Any:

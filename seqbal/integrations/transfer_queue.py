@@ -32,6 +32,7 @@ import copy
 from typing import Any, Optional
 
 from ..stream import StepPlanner
+from ..validation import int_argument, int_array
 
 __all__ = ["StepSampler", "SeqbalSampler", "sampler_class", "TESTED"]
 
@@ -75,10 +76,8 @@ class StepSampler:
 
     def __init__(self, n_samples_per_prompt: int = 1, dp_size: int = 1, *, max_token_len: Optional[int] = None,
                  cost_model: Any = None, max_samples_per_micro_batch: Optional[int] = None) -> None:
-        if not isinstance(n_samples_per_prompt, int) or n_samples_per_prompt <= 0:
-            raise ValueError(f"n_samples_per_prompt must be positive, got {n_samples_per_prompt}")
-        if not isinstance(dp_size, int) or dp_size <= 0:
-            raise ValueError(f"dp_size must be positive, got {dp_size}")
+        n_samples_per_prompt = int_argument("n_samples_per_prompt", n_samples_per_prompt, expected="positive (an int >= 1)")
+        dp_size = int_argument("dp_size", dp_size, expected="positive (an int >= 1)")
         self.n_samples_per_prompt = n_samples_per_prompt
         self.dp_size = dp_size
         self.max_token_len = max_token_len
@@ -100,15 +99,26 @@ class StepSampler:
                *args: Any, **kwargs: Any) -> tuple[list[int], list[int]]:
         """This rank's share of batch ``batch_index`` (see the class docstring).
 
+        ``dp_rank`` is an int (Python or NumPy) in ``[0, dp_size)``. A rank outside it is a
+        ``ValueError`` before a batch is planned, so nothing leaves the pool for a share no rank
+        would take; asked of a batch already answered, it gets ``([], [])``, as TransferQueue's
+        own sampler answers it.
+
         Raises:
-            ValueError: ``batch_size`` not a multiple of ``n_samples_per_prompt``; with
+            ValueError: ``batch_size`` not a multiple of ``n_samples_per_prompt``; a ``dp_rank``
+                that is not an int, or out of range for a batch not yet planned; with
                 ``max_token_len``, a sample without ``total_lengths`` or a group over the cap
-                (naming it; nothing is consumed).
+                (naming it). Nothing is consumed: the pending groups are unchanged.
         """
-        dp_rank = kwargs.get("dp_rank", 0)
+        dp_rank = int_argument("dp_rank", kwargs.get("dp_rank", 0), minimum=0, expected="an int >= 0")
         batch_index = kwargs.get("batch_index", 0)
         key = (partition_id, task_name, batch_index)
         if key not in self._plans:
+            if dp_rank >= self.dp_size:
+                raise ValueError(
+                    f"dp_rank={dp_rank} is out of range for dp_size={self.dp_size}: the batch was not planned and "
+                    f"nothing left the pool; ask with a dp_rank in [0, {self.dp_size})"
+                )
             if batch_size % self.n_samples_per_prompt != 0:
                 raise ValueError(
                     f"batch_size ({batch_size}) must be a multiple of n_samples_per_prompt ({self.n_samples_per_prompt})"
@@ -122,7 +132,7 @@ class StepSampler:
                 share = [i for mb in plan[rank] for i in mb]
                 states.setdefault(rank, {})[batch_index] = (share, share.copy())
         plan = self._plans[key]
-        if not isinstance(dp_rank, int) or not 0 <= dp_rank < len(plan):
+        if dp_rank >= len(plan):
             return [], []
         share = [i for mb in plan[dp_rank] for i in mb]
         return share, share.copy()
@@ -192,9 +202,10 @@ class StepSampler:
 
     def _plan(self, ready: list[int], samples: int, partition_id: str, task_name: str,
               partition: Any) -> Optional[list[list[list[int]]]]:
+        ready_values = int_array(ready, "ready_indexes", integral_floats=False, negative=True, sums=False).tolist()
         planner = self._planner((partition_id, task_name), samples)
         pending = set(planner._pool.indices.tolist()) if planner.pending else set()
-        fresh = [i for i in sorted(ready) if i not in pending]
+        fresh = [i for i in sorted(ready_values) if i not in pending]
         groups = _complete_groups(fresh, self.n_samples_per_prompt)
         if groups:
             indexes = [i for group in groups for i in group]

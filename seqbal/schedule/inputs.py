@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 import numpy as np
 
 from ..partition import INT64_SAFE_TOTAL
-from ..validation import int_argument, int_array
+from ..validation import group_keys, int_argument, int_array
 from ..workload import calculate_workload
 
 
@@ -71,13 +71,7 @@ def _groups(
     """Sample indices of every group, groups in order of first appearance, indices ascending."""
     force_group_size = int_argument("force_group_size", force_group_size, expected="an int >= 1")
     if group_ids is not None:
-        if hasattr(group_ids, "tolist"):  # tensors and arrays: group by value, not by element object
-            group_ids = group_ids.tolist()
-        if not hasattr(group_ids, "__len__") or not hasattr(group_ids, "__getitem__"):
-            raise ValueError(
-                f"group_ids must be a sequence (list, tuple, array or tensor) of n hashable ids, got "
-                f"{type(group_ids).__name__}"
-            )
+        group_ids = group_keys(group_ids)  # tensors, arrays, 0-d tensors: grouped by value
         if force_group_size != 1:
             raise ValueError(
                 f"give either force_group_size (got {force_group_size}) or group_ids, not both: "
@@ -87,12 +81,7 @@ def _groups(
             raise ValueError(f"lengths has {n} entries but group_ids has {len(group_ids)}")
         members: dict[Hashable, list[int]] = {}
         for index, uid in enumerate(group_ids):
-            try:
-                members.setdefault(uid, []).append(index)
-            except TypeError:
-                raise ValueError(
-                    f"group_ids[{index}] is {uid!r} of type {type(uid).__name__}, which is not hashable"
-                ) from None
+            members.setdefault(uid, []).append(index)
         return list(members.values())
     if n % force_group_size:
         raise ValueError(f"force_group_size={force_group_size} does not divide the batch size {n}")

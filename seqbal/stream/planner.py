@@ -28,6 +28,7 @@ a rollout producer needs. Everything accepted is emitted in time.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Hashable, Optional, Sequence, Union
 
 import numpy as np
@@ -38,13 +39,13 @@ from ..partition.packing import split_bins_to_count
 from ..partition.sample_cap import sample_count_bound, within_sample_cap
 from ..partition.parts import ceildiv
 from ..schedule.slots import SLOT_CLOSE_ENOUGH
-from ..validation import int_argument
+from ..validation import flag_argument, int_argument
 from .exact import exact_selection
 from .fill import fill_bins
 from .layout import layout_bins
 from .pool import Arrivals, Pool
 
-__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE"]
+__all__ = ["StepPlanner", "EVEN_SLOTS_MIN_SAMPLES", "SAMPLES_PER_TRADE", "MAX_MICRO_BATCHES_PER_STEP"]
 
 #: With ``even_slots=None``, a ``micro_batches_per_step`` step evens its slots when the pool
 #: holds at least this many samples per micro-batch of the step (``K x num_replicas``).
@@ -55,8 +56,53 @@ EVEN_SLOTS_MIN_SAMPLES = 128
 #: pass over this many samples, so the evening stays within a pass or so of the pool's.
 SAMPLES_PER_TRADE = 128
 
+#: The most micro-batches one step may have (``micro_batches_per_step x num_replicas``): a step
+#: is a list per micro-batch, and a flush lays out all of them even for one pending sample, so a
+#: count beyond any real run's (a thousand ranks of 64 micro-batches) is refused when the planner
+#: is built rather than allocated at the first flush.
+MAX_MICRO_BATCHES_PER_STEP = 1 << 16
+
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
+
+
+def steps_disagreement(facts: Sequence[Sequence[Any]], names: Sequence[str]) -> Optional[str]:
+    """The error every rank of ``dp_group`` raises before a step, decided from the facts gathered
+    from every rank (:meth:`StepPlanner._facts`, one list per rank, in rank order), or None when
+    the ranks may take the step. Every rank holds the same gathered facts, so every rank reaches
+    the same verdict and none returns a step its peers do not take. Pure (no collective).
+
+    Checked in this order: a rank whose ``flush`` was not a bool (its fact is then the error's
+    message); a fact some rank holds differently from rank 0 (a setting, the steps taken, the
+    pending samples, ``flush``); a ``num_replicas`` other than the group's size. O(ranks x facts).
+
+    >>> names = ["num_replicas", "flush"]
+    >>> steps_disagreement([[2, True], [2, False]], names)[:58]
+    'the ranks of dp_group disagree: rank 0 has flush=True, ran'
+    >>> steps_disagreement([[2, False], [2, False]], names) is None
+    True
+    """
+    from ..collectives import first_disagreement
+
+    world = len(facts)
+    where = list(names).index("flush")
+    for rank, theirs in enumerate(facts):
+        if not isinstance(theirs[where], (bool, np.bool_)):
+            return (f"next_step: rank {rank} of dp_group passed an invalid flush ({theirs[where]}); no rank took "
+                    f"a step (this step's arrivals were not added)")
+    differ = first_disagreement(facts, names)
+    if differ is not None:
+        name, mine, rank, theirs = differ
+        what = ("every rank must pass the same flush to next_step, or one rank would take a step alone"
+                 if name == "flush" else "every rank must build the same StepPlanner and take every step")
+        return (f"the ranks of dp_group disagree: rank 0 has {name}={mine!r}, rank {rank} has {theirs!r}; {what}; "
+                f"no rank took a step (this step's arrivals were not added)")
+    replicas = facts[0][list(names).index("num_replicas")]
+    if replicas != world:
+        return (f"num_replicas={replicas} on every rank, but dp_group has {world} ranks: a step is laid out over "
+                f"num_replicas ranks, one share per rank of dp_group; pass num_replicas={world} (no rank took a step; "
+                f"this step's arrivals were not added)")
+    return None
 
 
 class StepPlanner:
@@ -145,7 +191,24 @@ class StepPlanner:
                 f"give exactly one of micro_batches_per_step and samples_per_step, got "
                 f"micro_batches_per_step={micro_batches_per_step!r}, samples_per_step={samples_per_step!r}"
             )
+        if self.micro_batches_per_step is not None and \
+                self.micro_batches_per_step * self.num_replicas > MAX_MICRO_BATCHES_PER_STEP:
+            raise ValueError(
+                f"micro_batches_per_step={self.micro_batches_per_step} on num_replicas={self.num_replicas} ranks is "
+                f"{self.micro_batches_per_step * self.num_replicas} micro-batches a step, more than a step can hold "
+                f"({MAX_MICRO_BATCHES_PER_STEP}): every step lays out a list per micro-batch; use fewer "
+                f"micro-batches per step"
+            )
         self.cost_model = as_cost_model(cost_model)
+        if self._capacity() < 1:
+            model = self.cost_model
+            why = (f"the memory model's fixed cost of {model.memory.fixed} leaves nothing of it" if model.memory is not None
+                   else f"rounded down to a multiple of pack_round_to={model.pack_round_to} it is 0")
+            raise ValueError(
+                f"max_token_len={self.max_token_len} leaves no room for any token: {why}; raise max_token_len to at "
+                f"least {model.memory.fixed + 1 if model.memory is not None else model.pack_round_to} or lower the "
+                f"rounding"
+            )
         self.max_samples_per_micro_batch = int_argument(
             "max_samples_per_micro_batch", max_samples_per_micro_batch, optional=True, expected="None or a positive int")
         self.max_wait_steps = int_argument("max_wait_steps", max_wait_steps, optional=True, minimum=0,
@@ -207,8 +270,9 @@ class StepPlanner:
         self._check_admission([arrivals])
         self._pool.commit(arrivals, self.steps)
 
-    def _check_admission(self, incoming: list[Arrivals]) -> None:
-        """The ``max_wait_steps`` bound (see the class docstring), on the pool plus ``incoming``."""
+    def _check_admission(self, incoming: list[Arrivals], what: str = "nothing of this add was added") -> None:
+        """The ``max_wait_steps`` bound (see the class docstring), on the pool plus ``incoming``;
+        ``what`` ends the message (what was left unchanged)."""
         w = self.max_wait_steps
         if w is None:
             return
@@ -219,46 +283,49 @@ class StepPlanner:
                 raise ValueError(
                     f"max_wait_steps={w}: the pool would hold {total} groups, more than the {limit} "
                     f"((max_wait_steps + 1) x micro_batches_per_step x num_replicas) that can be emitted in time; "
-                    f"take a step first (nothing of this add was added)"
+                    f"take a step first ({what})"
                 )
             return
         s = self.samples_per_step
         sizes = [a.columns["samples"] for a in incoming]
         first = self._pool.first_group_size()  # with this bound, every pending group has this size
-        flat = np.concatenate(sizes + ([np.array([first])] if first is not None else []))
+        parts = sizes + ([np.array([first])] if first is not None else [])
+        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if len(flat) and (int(flat.min()) != int(flat.max()) or s % int(flat[0])):
             raise ValueError(
                 f"max_wait_steps={w} with samples_per_step={s} needs groups of one size that divides {s}, got "
-                f"group sizes {sorted(set(flat.tolist()))} (nothing of this add was added)"
+                f"group sizes {sorted(set(flat.tolist()))} ({what})"
             )
         total = self._pool.samples + sum(len(a.indices) for a in incoming)
         if total > (w + 1) * s:
             raise ValueError(
                 f"max_wait_steps={w}: the pool would hold {total} samples, more than the {(w + 1) * s} "
                 f"((max_wait_steps + 1) x samples_per_step) that can be emitted in time; take a step first "
-                f"(nothing of this add was added)"
+                f"({what})"
             )
 
-    def _gather(self) -> None:
+    def _facts(self, flush: Any) -> list[tuple[str, Any]]:
+        """What every rank of ``dp_group`` must hold alike before a step: the settings, the steps
+        taken, the pool, and this call's ``flush`` (a rank that flushes alone would return a
+        step its peers do not take)."""
+        return [("max_token_len", self.max_token_len), ("num_replicas", self.num_replicas),
+                ("micro_batches_per_step", self.micro_batches_per_step), ("samples_per_step", self.samples_per_step),
+                ("cost_model", repr(self.cost_model)), ("max_samples_per_micro_batch", self.max_samples_per_micro_batch),
+                ("max_wait_steps", self.max_wait_steps), ("steps taken", self.steps),
+                ("samples pending", self._pool.samples), ("flush", flush)]
+
+    def _gather(self, flush: Any) -> None:
         """With ``dp_group``: every rank's staged arrivals into every rank's pool, in rank order.
-        One collective; every check runs on the gathered data, alike on every rank."""
-        from ..collectives import first_disagreement, gather_objects
+        One collective; every check runs on the gathered data, alike on every rank, before any
+        rank plans a step."""
+        from ..collectives import gather_objects
 
-        facts = (self.max_token_len, self.num_replicas, self.micro_batches_per_step, self.samples_per_step,
-                 repr(self.cost_model), self.max_samples_per_micro_batch, self.max_wait_steps, self.steps,
-                 self._pool.samples)
+        facts = self._facts(flush)
         staged, self._staged = self._staged, []  # refused or not, these arrivals leave the stage
-        everyone = gather_objects((facts, staged), self.dp_group)
-        names = ("max_token_len", "num_replicas", "micro_batches_per_step", "samples_per_step", "cost_model",
-                 "max_samples_per_micro_batch", "max_wait_steps", "steps taken", "samples pending")
-        differ = first_disagreement([other for other, _ in everyone], names)
-        if differ is not None:
-            name, mine, rank, theirs = differ
-            raise ValueError(
-                f"the ranks of dp_group disagree: rank 0 has {name}={mine!r}, rank {rank} has {theirs!r}; "
-                f"every rank must build the same StepPlanner and take every step (this step's arrivals "
-                f"were not added)"
-            )
+        everyone = gather_objects(([value for _, value in facts], staged), self.dp_group)
+        message = steps_disagreement([other for other, _ in everyone], [name for name, _ in facts])
+        if message is not None:
+            raise ValueError(message)
         incoming = [a for _, arrivals in everyone for a in arrivals]
         seen: dict[int, int] = {}
         for rank, (_, arrivals) in enumerate(everyone):
@@ -299,8 +366,10 @@ class StepPlanner:
         every sample emitted exactly once over the steps; deterministic.
 
         Raises:
-            ValueError: with ``dp_group``, a disagreement of the ranks (settings, steps taken),
-                an index added on two ranks, or the ``max_wait_steps`` bound, on every rank alike.
+            ValueError: ``flush`` not a bool; with ``dp_group``, a disagreement of the ranks
+                (settings, steps taken, ``flush``, a ``num_replicas`` other than the group's
+                size), an index added on two ranks, or the ``max_wait_steps`` bound, on every
+                rank alike and before any rank takes the step.
 
         Complexity: K mode O(p) NumPy work on a pool of p groups plus O(c * K * R) for the c
         groups it visits; S mode O(p) plus O(c log c) on the c chosen groups and at most
@@ -308,7 +377,12 @@ class StepPlanner:
         bound is not reached, :func:`seqbal.build_dp_schedule` on the S samples).
         """
         if self.dp_group is not None:
-            self._gather()
+            try:
+                flush = flag_argument("flush", flush)
+            except ValueError as error:  # agreed in the gather: every rank raises, none waits
+                flush = str(error)  # a message, never a bool: the peers see this rank's error
+            self._gather(flush)
+        flush = flag_argument("flush", flush)
         self._pool.consolidate()
         if self.samples_per_step is None:
             chosen = self._fixed_count_step(flush)
@@ -476,6 +550,26 @@ class StepPlanner:
         """
         if not isinstance(state, dict) or state.get("version") != 1:
             raise ValueError(f"not a StepPlanner state (version 1): {type(state).__name__}")
-        self.steps = int(state["steps"])
-        self._pool.load(state["pool"])
+        for key in ("steps", "pool"):
+            if key not in state:
+                raise ValueError(f"state has no {key!r}: not a StepPlanner state")
+        steps = int_argument("state['steps']", state["steps"], minimum=0, expected="an int >= 0")
+        pool = copy.copy(self._pool)
+        pool.load(state["pool"])  # checked first: a bad state leaves the planner as it was
+        born = pool.columns["born"]
+        if len(born) and int(born.max()) > steps:
+            raise ValueError(f"state['pool']['born'] holds step {int(born.max())}, after the {steps} steps taken "
+                             f"(state['steps']): a sample cannot have arrived after a step not yet taken")
+        w = self.max_wait_steps
+        if w is not None and len(born) and steps > int(born.min()) + w:
+            raise ValueError(
+                f"state['pool']['born']: a group that arrived before step {int(born.min())} is still pending after "
+                f"{steps} steps (state['steps']), beyond max_wait_steps={w}: the state breaks the wait promise")
+        previous, self._pool = self._pool, pool
+        try:
+            self._check_admission([], what="the state was not loaded")
+        except ValueError as error:
+            self._pool = previous
+            raise ValueError(f"state['pool']: {error}") from None
+        self.steps = steps
         self._staged = []

@@ -17,7 +17,7 @@ from typing import Any, Hashable, Optional, Sequence
 import numpy as np
 
 from ..cost import CostModel
-from ..validation import int_array
+from ..validation import group_keys, int_array
 from ..workload import balance_workloads
 
 #: Per-group columns, in arrival order.
@@ -111,7 +111,7 @@ class Pool:
     # -- arriving -----------------------------------------------------------------------------
 
     def prepare(self, indices: Any, lengths: Any, groups: Optional[Sequence[Hashable]] = None,
-                also_taken: Optional[set[int]] = None) -> Arrivals:
+                also_taken: Optional[set[int]] = None, *, pending: bool = True) -> Arrivals:
         """Check arrivals against the caps and the pending indices; change nothing.
 
         Args:
@@ -121,6 +121,8 @@ class Pool:
                 arrive in one call: equal ids in different calls are different groups.
             also_taken: more indices that count as pending (arrivals gathered from other ranks
                 in the same step).
+            pending: False: the indices are not checked against the pending ones (a state
+                that would replace them).
 
         Raises:
             ValueError: mismatched lengths, a non-int index, a negative length, an index
@@ -135,7 +137,7 @@ class Pool:
         if len(length_array) != n:
             raise ValueError(f"indices has {n} entries but lengths has {len(length_array)}")
         if groups is not None:
-            groups = list(groups)
+            groups = group_keys(groups, "groups")  # tensors and arrays: grouped by value
             if len(groups) != n:
                 raise ValueError(f"groups has {len(groups)} entries but indices has {n}")
         values = index_array.tolist()
@@ -143,7 +145,8 @@ class Pool:
             seen: set[int] = set()
             repeated = next(v for v in values if v in seen or seen.add(v))  # type: ignore[func-returns-value]
             raise ValueError(f"index {repeated} appears more than once in this add")
-        clash = next((v for v in values if v in self._ids or (also_taken is not None and v in also_taken)), None)
+        taken = self._ids if pending else set()
+        clash = next((v for v in values if v in taken or (also_taken is not None and v in also_taken)), None)
         if clash is not None:
             raise ValueError(f"index {clash} is already pending; every pending sample needs its own index")
         # group-major order: groups by first appearance, samples in order inside each
@@ -154,10 +157,7 @@ class Pool:
         else:
             members: dict[Hashable, list[int]] = {}
             for position, gid in enumerate(groups):
-                try:
-                    members.setdefault(gid, []).append(position)
-                except TypeError:
-                    raise ValueError(f"groups[{position}]={gid!r} is not hashable") from None
+                members.setdefault(gid, []).append(position)
             order = np.fromiter((p for m in members.values() for p in m), dtype=np.int64, count=n)
             sizes = np.fromiter(map(len, members.values()), dtype=np.int64, count=len(members))
             names = list(members)
@@ -243,11 +243,51 @@ class Pool:
         out.update({name: self.columns[name].tolist() for name in GROUP_COLUMNS})
         return out
 
-    def load(self, state: dict[str, list[int]]) -> None:
-        """Restore :meth:`state`'s output exactly."""
+    def load(self, state: Any, key: str = "state['pool']") -> None:
+        """Restore :meth:`state`'s output exactly, after checking that it keeps this pool's
+        promises: every key present and a list of ints, the columns as long as the groups, the
+        groups' samples adding up to the samples, indices unique, every group within the caps
+        (the checks of an add), and the derived columns those of its samples under this pool's
+        cost model. A ``ValueError`` naming the key (``state['pool']['cost']``) otherwise, and
+        the pool unchanged. O(pool)."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{key} must be a dict of lists ({self.state.__qualname__}'s output), got "
+                             f"{type(state).__name__}")
+        arrays = {}
+        for name in ("indices", "lengths", *GROUP_COLUMNS):
+            if name not in state:
+                raise ValueError(f"{key} has no {name!r}: not a pool state")
+            try:
+                arrays[name] = int_array(state[name], f"{key}[{name!r}]", integral_floats=False, negative=True,
+                                         sums=False)
+            except ValueError as error:
+                raise ValueError(str(error)) from None
+        n, samples = len(arrays["indices"]), arrays["samples"]
+        for name in ("lengths", *GROUP_COLUMNS):
+            expected = n if name == "lengths" else len(samples)
+            if len(arrays[name]) != expected:
+                raise ValueError(f"{key}[{name!r}] has {len(arrays[name])} entries, but the pool holds {expected} "
+                                 f"{'samples' if name == 'lengths' else 'groups'}")
+        if (len(samples) and int(samples.min()) < 1) or int(samples.sum()) != n:
+            raise ValueError(f"{key}['samples'] must be positive group sizes adding up to the {n} indices, got "
+                             f"{samples.tolist()[:8]}{'...' if len(samples) > 8 else ''}")
+        if len(arrays["born"]) and (int(arrays["born"].min()) < 0 or (np.diff(arrays["born"]) < 0).any()):
+            raise ValueError(f"{key}['born'] must be steps >= 0 in arrival order (non-decreasing)")
+        try:  # the checks of an add: lengths, unique indices, the caps; and the columns derived again
+            checked = self.prepare(arrays["indices"], arrays["lengths"], np.repeat(np.arange(len(samples)), samples),
+                                   pending=False)
+        except ValueError as error:
+            raise ValueError(f"{key} breaks a promise of the planner: {error}".replace(
+                "; nothing of this add was added", "").replace(" in this add", "")) from None
+        for name, column in checked.columns.items():
+            if not np.array_equal(column, arrays[name]):
+                raise ValueError(
+                    f"{key}[{name!r}] does not match the pending samples' lengths under this planner's "
+                    f"max_token_len={self.max_token_len} and {self.cost_model!r}: the state was saved by a planner "
+                    f"with other settings"
+                )
         self._chunks = []
-        self.indices = np.asarray(state["indices"], dtype=np.int64)
-        self.lengths = np.asarray(state["lengths"], dtype=np.int64)
-        self.columns = {name: np.asarray(state[name], dtype=np.int64) for name in GROUP_COLUMNS}
+        self.indices, self.lengths = arrays["indices"], arrays["lengths"]
+        self.columns = {name: arrays[name] for name in GROUP_COLUMNS}
         self._ids = set(self.indices.tolist())
         self._groups = len(self.columns["samples"])
