@@ -90,6 +90,7 @@ def train(route: str, checkpoint: str, dataset, batch_size: int, output_dir: str
         learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
         disable_tqdm=True, use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), seed=0,
         dataset_num_proc=None,
+        activation_checkpointing=True,  # TRL's default, by transformers' new name: the old one warns on every run
     )
     if route == "seqbal":
         seqbal_trl.install(CAP)  # the one line: every forward at most CAP tokens

@@ -3,7 +3,7 @@ the command line, as ``llamafactory-cli train`` runs it; ``stage: sft``, its
 ``CustomSeq2SeqTrainer``) on CPU, for ``tests/test_llamafactory_classic.py``; launched with
 ``python -m torch.distributed.run`` (or plainly for one rank). Writes one JSON record per rank
 to ``--out``. Nothing is downloaded: a tiny Llama, a word-level tokenizer and an alpaca-format
-dataset are written to ``--out`` first. Run with ``tests/llamafactory_cpu`` on ``PYTHONPATH``
+dataset are written to ``--out`` first. Run with ``examples/llamafactory_cpu`` (docs/llamafactory.md's CPU route) on ``PYTHONPATH``
 (torchaudio's stand-in: LLaMA-Factory imports torchaudio, whose index build needs CUDA).
 
 Modes:

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]  # the README snippets too
+DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]  # their snippets too
 FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```\s*$", re.S | re.M)
 DURATION = re.compile(r"\b\d+(\.\d+)? (ms|s)\b")
 
@@ -215,10 +215,11 @@ def test_links_to_headings_resolve():
 
 
 def test_readme_setup_where_only_the_package_index_is_reachable():
-    """The CPU-torch line reaches PyTorch's own index; the README says what works where only the
-    package index is mirrored, and the two commands reach nothing else."""
+    """The CPU-torch line reaches PyTorch's own index; docs/index.md (linked from the README) says
+    what works where only the package index is mirrored, and the two commands reach nothing else."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    flat = " ".join(text.split())
+    assert "docs/index.md#installing-torch" in text
+    flat = " ".join((ROOT / "docs" / "index.md").read_text(encoding="utf-8").split())
     assert "Where only the package index is reachable" in flat
     assert "pip install torch==2.13.0 --no-index --find-links DIR" in flat
     commands = [line for line in text.splitlines() if line.startswith("pip install -e ")]
@@ -283,3 +284,340 @@ def test_docs_state_verls_sync_condition_as_its_code_has_it():
 
     source = inspect.getsource(balancing.rearrange_micro_batches)
     assert re.search(r"dist\.is_initialized\(\) and same_micro_num_in_dp and dp_group is not None", source)
+
+
+# --- A first read: the README's shape, install lines that work, no work history, versions CI tests.
+
+README_MOST_LINES = 120
+#: README lines that CI does not run, and why (each sits in a block marked ``no-run``).
+README_NOT_RUN = {
+    "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu":
+        "reaches PyTorch's own index, which CI does not; CI installs the same CPU build from a local wheel",
+}
+
+
+def test_readme_is_short_and_repeats_no_line():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MOST_LINES, f"README.md has {len(lines)} lines, at most {README_MOST_LINES}"
+    seen: dict[str, int] = {}
+    repeated = []
+    for number, line in enumerate(lines, 1):
+        key = line.strip()
+        if not key or key.startswith("```") or re.fullmatch(r"\|[-| ]*\|", key):
+            continue
+        if key in seen:
+            repeated.append(f"README.md:{number} repeats line {seen[key]}: {key}")
+        seen.setdefault(key, number)
+    assert not repeated, repeated
+
+
+def _ci_lines() -> list[str]:
+    """.ci/run's commands: continuation lines joined, comments dropped."""
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8").replace("\\\n", " ")
+    return [line.split(" #")[0].strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_every_readme_block_is_run_or_marked_and_explained():
+    """Python blocks run here (test_snippets_run, never ``no-run``); every shell line of the README
+    is a ``seqbal`` command run here, or a command .ci/run runs exactly as written, or stands in a
+    ``no-run`` block with its reason in ``README_NOT_RUN``."""
+    ci = set(_ci_lines())
+    problems = []
+    for info, code, line in blocks(ROOT / "README.md"):
+        words = info.split()
+        if words[:1] == ["python"]:
+            if "no-run" in words:
+                problems.append(f"README.md:{line}: a python block that does not run")
+            continue
+        for command in code.splitlines():
+            command = command.split(" #")[0].strip()
+            if not command or command.startswith("seqbal "):
+                continue
+            if "no-run" in words:
+                if command not in README_NOT_RUN:
+                    problems.append(f"README.md:{line}: `{command}` is marked no-run without a reason")
+            elif command not in ci and f"{command} || exit 1" not in ci:
+                problems.append(f"README.md:{line}: `{command}` is not what .ci/run runs")
+    assert not problems, problems
+
+
+def _extras() -> dict[str, list[str]]:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    return {name: [r.strip() for r in value.splitlines() if r.strip()]
+            for name, value in config["options.extras_require"].items()}
+
+
+def _ci_versions(homes: bool = False) -> dict[str, set[str]]:
+    """Every version .ci/run installs, by package (lower case): make_venv's torch and tensordict,
+    ``name==version`` pins, and what the extras it installs resolve to (their ``==`` pin, else the
+    top of their range, unless the same line pins that package itself). tensordict's "newest"
+    stands for an environment whose make_venv names none. With ``homes``, only the pins of
+    ``--no-deps`` lines (the homes themselves; the other pins are their dependencies, such as
+    axolotl's own TRL) besides torch, tensordict and the extras."""
+    extras = _extras()
+    found: dict[str, set[str]] = {}
+
+    def add(name: str, version: str) -> None:
+        found.setdefault(name.lower().replace("_", "-"), set()).add(version)
+
+    for line in _ci_lines():
+        venv = re.match(r"make_venv\s+\S+\s+([\d.]+)(?:\s+([\d.]+))?$", line)
+        if venv:
+            add("torch", venv.group(1))
+            add("tensordict", venv.group(2) or "newest")
+            continue
+        pinned = {}
+        for name, version in re.findall(r"""(?<![\w.-])["']?([A-Za-z][\w.-]*)==([\w.]+)""", line):
+            pinned[name.lower().replace("_", "-")] = version
+            if not homes or "--no-deps" in line.split() or name in ("torch", "tensordict"):
+                add(name, version)
+        for chosen in re.findall(r"""-e\s+["']?\.\[([\w,-]+)\]""", line):
+            for extra in chosen.split(","):
+                for requirement in extras.get(extra, []):
+                    name, spec = re.match(r"([A-Za-z][\w.-]*)(.*)", requirement).groups()
+                    version = re.search(r"(?:==|<=)([\w.]+)", spec)
+                    if version and name.lower().replace("_", "-") not in pinned:
+                        add(name, version.group(1))
+    return found
+
+
+#: A home's name in the README's table and its package's name.
+HOMES = {"verl": "verl", "OpenRLHF": "openrlhf", "AReaL": "areal", "torchtitan": "torchtitan", "TRL": "trl",
+         "LLaMA-Factory": "llamafactory", "axolotl": "axolotl", "TransferQueue": "transferqueue"}
+VERSION = r"(?:\d+\.\d+(?:\.\d+)?|newest)"
+
+
+def _readme_versions() -> dict[str, set[str]]:
+    """(name -> versions) of the README's table of homes, from its "tested with" column."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Homes"):]
+    table = table[:table.index("\n## ")]
+    found: dict[str, set[str]] = {}
+    for row in re.findall(r"^\|(.*)\|$", table, re.M):
+        cells = [c.strip() for c in row.split("|")]
+        if len(cells) < 2 or cells[0] in ("trainer", "") or set(cells[0]) <= set("-"):
+            continue
+        for name, versions in re.findall(rf"([A-Za-z][\w-]*) ({VERSION}(?:, {VERSION})*)", cells[1]):
+            found.setdefault(name, set()).update(v.strip() for v in versions.split(","))
+    return found
+
+
+def test_the_table_of_homes_gives_the_versions_ci_installs():
+    """Every home, torch, tensordict and Python in the README's table, with exactly the versions
+    .ci/run installs (a change of pins there changes the table)."""
+    import sys
+
+    table, ci = _readme_versions(), _ci_versions(homes=True)
+    assert {"Python", "torch", "tensordict"} <= set(table) and set(HOMES) <= set(table), sorted(table)
+    wrong = []
+    for name in ("torch", "tensordict"):
+        if table[name] != ci[name]:
+            wrong.append(f"{name}: the table says {sorted(table[name])}, .ci/run installs {sorted(ci[name])}")
+    for home, package in HOMES.items():
+        if table[home] != ci.get(package, set()):
+            wrong.append(f"{home}: the table says {sorted(table[home])}, .ci/run installs {sorted(ci.get(package, set()))}")
+    # TRL's row names the transformers versions its environments install.
+    if table.get("transformers") != _trl_transformers():
+        wrong.append(f"transformers: the table says {sorted(table.get('transformers', ()))}, "
+                     f"the TRL environments install {sorted(_trl_transformers())}")
+    # Python: the interpreter every `python3 -m venv` environment has, and any named one.
+    script = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    pythons = set(re.findall(r"\bpython ?(3\.\d+)\b", "\n".join(_ci_lines())))
+    if re.search(r"python3 -m venv", script):
+        pythons.add(f"{sys.version_info.major}.{sys.version_info.minor}")
+    if table["Python"] != pythons:
+        wrong.append(f"Python: the table says {sorted(table['Python'])}, .ci/run uses {sorted(pythons)}")
+    assert not wrong, wrong
+
+
+def _trl_transformers() -> set[str]:
+    """The transformers versions of .ci/run's environments that install the ``trl`` extra."""
+    versions = set()
+    for line in _ci_lines():
+        if re.search(r"""-e\s+["']?\.\[[\w,-]*\btrl\b""", line):
+            pin = re.search(r"transformers==([\w.]+)", line)
+            top = [re.search(r"<=([\w.]+)", r).group(1) for r in _extras()["trl"] if r.startswith("transformers")]
+            versions.add(pin.group(1) if pin else top[0])
+    return versions
+
+
+def _install_commands(text: str) -> list[str]:
+    """Every ``pip install ...`` of a page: the lines of its code blocks, and its inline code spans
+    (which may wrap); cut at a comment, ``&&`` or ``;``."""
+    spans = []
+    for block in FENCE.finditer(text):
+        spans += block.group(2).splitlines()
+    prose = FENCE.sub("", text)
+    spans += [" ".join(span.split()) for span in re.findall(r"`([^`]*)`", prose)]
+    found = []
+    for span in spans:
+        if "pip install" in span:
+            command = span[span.index("pip install"):]
+            found.append(re.split(r"\s+#|\s*&&|\s*;", command)[0].strip())
+    return found
+
+
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INSTALL_PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+
+
+def _install_problems(command: str, extras: dict[str, list[str]], ci: dict[str, set[str]]) -> list[str]:
+    """What makes one ``pip install`` line fail from a checkout: seqbal named from the index (it is
+    not there yet), an extra setup.cfg does not define, a local path that is not a project, a
+    pinned version .ci/run never installs, an index other than PyTorch's CPU one."""
+    import shlex
+
+    try:
+        words = shlex.split(command)[2:]
+    except ValueError:
+        return [f"`{command}`: unbalanced quotes"]
+    problems = []
+    no_index = "--no-index" in words
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if word in ("--index-url", "-i", "--extra-index-url"):
+            url = words[i + 1] if i + 1 < len(words) else ""
+            if url != PYTORCH_CPU_INDEX:
+                problems.append(f"`{command}`: an index other than PyTorch's CPU wheels ({url})")
+            skip = True
+        elif word in ("--find-links", "-f"):
+            if not no_index:
+                problems.append(f"`{command}`: --find-links without --no-index")
+            skip = True
+        elif word.startswith("-"):
+            continue
+        elif word.startswith(".") or word.startswith("/"):
+            path, _, chosen = word.partition("[")
+            if not (ROOT / path / "setup.cfg").exists():
+                problems.append(f"`{command}`: {path} is not a checkout of seqbal")
+            for extra in filter(None, chosen.rstrip("]").split(",")):
+                if extra not in extras:
+                    problems.append(f"`{command}`: setup.cfg defines no extra {extra!r} ({sorted(extras)})")
+        else:
+            name = re.match(r"[A-Za-z0-9][\w.-]*", word)
+            if name is None:
+                continue
+            package = name.group(0).lower().replace("_", "-")
+            if package == "seqbal":
+                problems.append(f"`{command}`: seqbal is not on the package index; install from the checkout")
+            pin = re.search(r"==([\w.+]+)$", word)
+            if pin and pin.group(1) not in ci.get(package, set()):
+                problems.append(f"`{command}`: {package}=={pin.group(1)} is not a version .ci/run installs "
+                                f"({sorted(ci.get(package, set()))})")
+    return problems
+
+
+def test_every_install_line_works_from_a_checkout():
+    """Every ``pip install`` a page shows names an extra setup.cfg defines, a route that exists
+    (the checkout, PyTorch's CPU index, a local wheel directory) and versions CI installs; none
+    names seqbal from the package index, where it is not yet. The messages of the package, the
+    examples and the benchmarks say no ``pip install seqbal...`` either."""
+    extras, ci = _extras(), _ci_versions()
+    problems, checked = [], 0
+    for page in INSTALL_PAGES:
+        for command in _install_commands(page.read_text(encoding="utf-8")):
+            problems += [f"{page.name}: {p}" for p in _install_problems(command, extras, ci)]
+            checked += 1
+    from_index = re.compile(r"""pip install\s+(?:-\S+\s+)*["']?seqbal\b""")
+    for path in sorted(p for folder in ("seqbal", "examples", "benchmarks") for p in (ROOT / folder).rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if from_index.search(line):
+                problems.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert checked >= 10
+    assert not problems, problems
+    # The rule itself: these fail, these pass.
+    assert _install_problems("pip install 'seqbal[plot]'", extras, ci)
+    assert _install_problems('pip install -e ".[nosuchextra]"', extras, ci)
+    assert _install_problems("pip install torch==0.0.1", extras, ci)
+    assert not _install_problems('pip install -e ".[plot]"', extras, ci)
+
+
+#: Work history, which product docs do not tell: what a session, an issue or "our test" found,
+#: and a limit told as a story ("has not yet run on a GPU" is "not yet measured on a GPU").
+HISTORY = [
+    r"\bnot yet run\b",
+    r"\bearlier release",
+    r"(?<!Python )(?<!test )\bsessions?\b",
+    r"(?<!'s )(?<!its )\bissues?\b",
+    r"\bfound on the way\b",
+    r"\bour (?:own )?(?:tests?|data|runs?|machine|benchmarks?)\b",
+    r"\bwe\b",
+    r"\bends blocked\b",
+    r"\bstop \d+",
+]
+HISTORY_PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+
+
+@pytest.mark.parametrize("page", HISTORY_PAGES, ids=[p.name for p in HISTORY_PAGES])
+def test_no_work_history_in_the_docs(page):
+    """The docs speak of the product and its measured behaviour; what is not yet verified is a
+    limit, never the story of how the work went."""
+    text = page.read_text(encoding="utf-8")
+    found = [f"{page.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+             for pattern in HISTORY for m in re.finditer(pattern, text, re.I)]
+    assert not found, found
+    assert re.search(HISTORY[0], "has not yet run on a GPU") and not re.search(HISTORY[0], "not yet measured on a GPU")
+    assert re.search(HISTORY[3], "so the issue ends blocked") and not re.search(HISTORY[3], "prime-rl's issue #2562")
+
+
+def _needs(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.skipif(not _needs("transfer_queue"), reason="TransferQueue is not installed (.ci/run's TransferQueue environment has it)")
+def test_transfer_queue_page_runs_as_written():
+    """docs/transfer_queue.md's start-up block (``needs-transfer-queue``; test_snippets_run only
+    compiles it), as written, in a fresh interpreter: it starts Ray and TransferQueue on this
+    one CPU machine, reads a batch on 2 ranks, and shows a group over the cap raising."""
+    import os
+    import sys
+
+    from .deadline import run_with_deadline
+
+    found = [(code, line) for info, code, line in blocks(ROOT / "docs" / "transfer_queue.md")
+             if "needs-transfer-queue" in info.split()]
+    assert len(found) == 1
+    code, line = found[0]
+    done = run_with_deadline([sys.executable, "-c", code], deadline_s=300, cwd=str(ROOT),
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             what=f"docs/transfer_queue.md:{line}")
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "batch 0:" in done.stdout and "batch 1: group exceeds max_token_len" in done.stdout, done.stdout
+
+
+def _ci_section(number: int) -> str:
+    """The text of .ci/run's section ``number`` (from ``# N.`` to the next section)."""
+    text = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    start = re.search(rf"^# {number}\. ", text, re.M).start()
+    end = re.search(rf"^# {number + 1}\. ", text, re.M)
+    return text[start:end.start() if end else len(text)]
+
+
+@pytest.mark.parametrize("page, marker, section", [("transfer_queue.md", "--no-deps TransferQueue==", 6),
+                                                   ("llamafactory.md", "--no-deps llamafactory==", 9)])
+def test_a_homes_page_installs_what_its_ci_environment_installs(page, marker, section):
+    """The page's install lines are its .ci/run environment's pins, no more, no fewer."""
+    recipe = [code for info, code, _ in blocks(ROOT / "docs" / page) if info.split()[:1] == ["bash"] and marker in code]
+    assert len(recipe) == 1, page
+    text = _ci_section(section).replace("\\\n", " ")
+    ci = _pins(line.replace('"', "") for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert marker.split()[-1] in " ".join(ci)
+    assert _pins(recipe[0].splitlines()) == ci, (_pins(recipe[0].splitlines()), ci)
+
+
+def test_ci_turns_axolotls_telemetry_off_as_the_page_says():
+    """docs/axolotl.md's ``export AXOLOTL_DO_NOT_TRACK=1`` is a line of .ci/run's axolotl section,
+    before its tests run."""
+    page = [line.split(" #")[0].strip() for info, code, _ in blocks(ROOT / "docs" / "axolotl.md")
+            if info.split()[:1] == ["bash"] for line in code.splitlines()]
+    assert "export AXOLOTL_DO_NOT_TRACK=1" in page
+    section = _ci_section(8)
+    assert section.index("\nexport AXOLOTL_DO_NOT_TRACK=1\n") < section.index("tests/test_axolotl.py")

@@ -2,7 +2,7 @@
 ``BatchGenerator`` and ``SFTTrainer`` on 1 and 2 gloo ranks, under hard deadlines.
 
 Runs where LLaMA-Factory is installed (its own CI environment); elsewhere only the tests that
-need no LLaMA-Factory run. ``tests/llamafactory_cpu`` goes on ``PYTHONPATH`` of every
+need no LLaMA-Factory run. ``examples/llamafactory_cpu`` (docs/llamafactory.md's CPU route) goes on ``PYTHONPATH`` of every
 LLaMA-Factory process: it stands in for torchaudio (a CUDA build on the package index) and
 makes ``torch.accelerator.synchronize`` a no-op where there is no accelerator.
 """
@@ -22,7 +22,7 @@ import seqbal.integrations.llamafactory as seqbal_llamafactory
 from tests.deadline import run_with_deadline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHIMS = os.path.join(ROOT, "tests", "llamafactory_cpu")
+SHIMS = os.path.join(ROOT, "examples", "llamafactory_cpu")
 #: One torchrun of a few ranks (start, imports, the scenario); a healthy run takes 10-40 s.
 DEADLINE_S = 300.0
 
@@ -152,11 +152,34 @@ def test_ranks_installed_with_different_caps_all_raise(tmp_path):
 
 # -- LLaMA-Factory's own SFTTrainer: the documented example ------------------------------------
 
+def _page_commands() -> dict[int, tuple[list[str], str]]:
+    """docs/llamafactory.md's example commands as written, by rank count: (argv through this
+    interpreter, the ``PYTHONPATH=`` the line sets)."""
+    from tests.test_docs import blocks
+    from pathlib import Path
+
+    commands = {}
+    for info, code, _ in blocks(Path(ROOT) / "docs" / "llamafactory.md"):
+        for line in code.splitlines() if info.split()[:1] == ["bash"] else []:
+            words = line.split(" #")[0].split()
+            path = words.pop(0).split("=", 1)[1] if words and words[0].startswith("PYTHONPATH=") else ""
+            if words[:2] == ["python", "examples/llamafactory_sft.py"]:
+                commands[1] = ([sys.executable] + words[1:], path)
+            elif words[:1] == ["torchrun"] and "examples/llamafactory_sft.py" in words:
+                ranks = int(re.search(r"--nproc_per_node=(\d+)", line).group(1))
+                commands[ranks] = ([sys.executable, "-m", "torch.distributed.run"] + words[1:], path)
+    return commands
+
+
 @needs_llamafactory
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_the_example_trains_under_the_budget(ranks):
-    result = _torchrun(ranks, "examples/llamafactory_sft.py", "seqbal",
-                       what=f"examples/llamafactory_sft.py on {ranks} rank(s)")
+    """The page's commands as written, its CPU route's PYTHONPATH included."""
+    command, path = _page_commands()[ranks]
+    assert path == "examples/llamafactory_cpu"
+    env = dict(_env(), PYTHONPATH=os.pathsep.join([os.path.join(ROOT, path), ROOT]))
+    result = run_with_deadline(command, deadline_s=DEADLINE_S, cwd=ROOT, env=env,
+                               what=f"docs/llamafactory.md's example on {ranks} rank(s)")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "check: OK" in result.stdout
     assert f"on {ranks} rank(s)" in result.stdout

@@ -1,7 +1,7 @@
 """seqbal's token budget inside LLaMA-Factory's classic SFT trainer (``CustomSeq2SeqTrainer``),
 through LLaMA-Factory's own entry point ``run_exp`` on CPU, on 1 rank and on 2 gloo ranks
 (``python -m torch.distributed.run --standalone``); see ``tests/llamafactory_classic_workers.py``
-for what each mode runs. ``tests/llamafactory_cpu`` (torchaudio's stand-in) goes on
+for what each mode runs. ``examples/llamafactory_cpu`` (docs/llamafactory.md's CPU route: torchaudio's stand-in) goes on
 ``PYTHONPATH`` of every LLaMA-Factory process.
 
 The real runs are skipped without llamafactory (CI installs llamafactory 0.9.5 and its pins in
@@ -22,7 +22,7 @@ from . import llamafactory_classic_workers as workers
 from .deadline import run_with_deadline
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIMS = ROOT / "tests" / "llamafactory_cpu"
+SHIMS = ROOT / "examples" / "llamafactory_cpu"
 DEADLINE_S = 240
 
 

@@ -204,7 +204,7 @@ def _read_parquet(path: Path, columns: Optional[list[str]]) -> tuple[list[int], 
     except ImportError:
         raise InputError(
             f"{path}: reading .parquet needs pyarrow, which is not installed; "
-            f"pip install 'seqbal[parquet]' (or convert the lengths to a text file, one per line)"
+            f"pip install pyarrow (or convert the lengths to a text file, one per line)"
         ) from None
     try:
         table = pq.read_table(path)

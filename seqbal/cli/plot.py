@@ -26,7 +26,7 @@ def _plot_path(path: str) -> str:
         import matplotlib  # noqa: F401
     except ImportError:
         raise InputError(
-            "--plot needs matplotlib, which is not installed; pip install 'seqbal[plot]' (or drop --plot)"
+            "--plot needs matplotlib, which is not installed: pip install matplotlib (or drop --plot)"
         ) from None
     return path if suffix else path + ".png"
 
@@ -46,7 +46,7 @@ def plot_figure(report: dict[str, Any], cap: int) -> Any:
         import matplotlib.pyplot as plt
     except ImportError:
         raise InputError(
-            "--plot needs matplotlib, which is not installed; pip install 'seqbal[plot]' (or drop --plot)"
+            "--plot needs matplotlib, which is not installed: pip install matplotlib (or drop --plot)"
         ) from None
     methods = [("seqbal", report["seqbal"]["ranks"])]
     strict = report.get("verl_0_9")
