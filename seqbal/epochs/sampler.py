@@ -36,7 +36,21 @@ from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bin
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array
+from ..workload import WorkloadFn, checked_workloads, workload_digest
 from .agreement import agree_or_raise, digest
+
+
+def _workload_setting(workload_fn: Optional[WorkloadFn], lengths: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
+    """What the ranks compare of ``workload_fn`` (a 63-bit digest of its workloads on the fixed
+    probe lengths, and with a model of the caller's on the dataset's lengths too), and those
+    workloads (None for the default model, computed where needed). ValueError: not a callable,
+    or workloads that fail :func:`seqbal.workload.checked_workloads`. O(n) with a model."""
+    if workload_fn is None:
+        return workload_digest(None), None
+    if not callable(workload_fn):
+        raise ValueError(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
+    workloads = checked_workloads(lengths, workload_fn)
+    return digest((workload_digest(workload_fn), digest(workloads))), workloads
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 
@@ -74,7 +88,8 @@ class _Items:
     """The dataset as forced groups ("items"): their cost against the cap, their workload, and
     the check that each fits, with messages naming the caller's own cap argument."""
 
-    def __init__(self, lengths: np.ndarray, cap: int, cap_name: str, cost: CostModel, group_size: int) -> None:
+    def __init__(self, lengths: np.ndarray, cap: int, cap_name: str, cost: CostModel, group_size: int,
+                 workloads: Optional[np.ndarray] = None) -> None:
         n = len(lengths)
         if n % group_size:
             raise ValueError(f"force_group_size={group_size} does not divide the dataset's {n} samples")
@@ -103,7 +118,9 @@ class _Items:
 
         #: Groups of one key can trade places without changing any micro-batch's cost.
         self.trade_key = self.additive if self.additive is not None else measured.reshape(-1, group_size).max(axis=1)
-        self.workloads = np.asarray(calculate_workload(lengths), dtype=np.float64).reshape(-1, group_size).sum(axis=1)
+        if workloads is None:
+            workloads = calculate_workload(lengths)
+        self.workloads = np.asarray(workloads, dtype=np.float64).reshape(-1, group_size).sum(axis=1)
 
     def __len__(self) -> int:
         return len(self.costs)
@@ -167,6 +184,10 @@ class TokenBudgetBatchSampler:
             default None (as many as fit the tokens).
         process_group: the ranks that build this sampler and check each other's inputs;
             default the default process group.
+        workload_fn: what the slots balance (lengths -> non-negative workloads, as in
+            :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must pass the same model: its workloads on fixed probe lengths and on the
+            dataset's lengths are part of the inputs the ranks compare.
 
     Complexity: building costs one BFD pass over the groups plus one or two random draws
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
@@ -193,12 +214,14 @@ class TokenBudgetBatchSampler:
         gradient_accumulation_steps: int = 1,
         max_samples_per_micro_batch: Optional[int] = None,
         process_group: Any = None,
+        workload_fn: Optional[WorkloadFn] = None,
     ) -> None:
         error: Optional[BaseException] = None
         array: Optional[np.ndarray] = None
+        workloads: Optional[np.ndarray] = None
         settings: dict[str, Optional[int]] = dict.fromkeys(
             ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
-             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas"))
+             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas", "workload_fn"))
         try:  # every local check first, so that an error here is agreed with the other ranks
             self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
             num_replicas = self.num_replicas
@@ -222,14 +245,16 @@ class TokenBudgetBatchSampler:
             settings["shuffle"] = int(self.shuffle)
             array = int_array(lengths, "lengths", samples=True, integral_floats=False,
                               empty="lengths is empty: the dataset has no sample to plan")
+            settings["workload_fn"], workloads = _workload_setting(workload_fn, array)
         except ValueError as caught:
             error = caught
         agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="TokenBudgetBatchSampler")
         # Past this point every rank holds the same inputs: what follows is the same everywhere,
         # errors included, so a rank can raise without leaving another in a collective.
         self.lengths = array
+        self.workload_fn = workload_fn
         self.epoch = 0
-        self._items = _Items(array, self.max_token_len, "max_token_len", self.cost_model, self.force_group_size)
+        self._items = _Items(array, self.max_token_len, "max_token_len", self.cost_model, self.force_group_size, workloads)
         self._plan_count()
 
     # --- the count, fixed once ---------------------------------------------------------------
@@ -306,6 +331,7 @@ class TokenBudgetBatchSampler:
                 self.lengths, self.num_replicas, self.max_token_len, force_group_size=self.force_group_size,
                 num_batches_divided_by=self.gradient_accumulation_steps, cost_model=self.cost_model,
                 use_dynamic_bsz_balance=False, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+                workload_fn=self.workload_fn,
             )
         except ValueError as error:
             if "Cannot satisfy" not in str(error):
@@ -416,6 +442,7 @@ def pack_rows(
     num_replicas: int = 1,
     cost_model: Union[None, str, Any] = None,
     process_group: Any = None,
+    workload_fn: Optional[WorkloadFn] = None,
 ) -> list[list[list[int]]]:
     """Pack a dataset's samples into rows of at most ``seq_length`` tokens, offline (the job of
     TRL's ``pack_dataset(strategy="bfd")``), with the rows balanced over ``num_replicas`` ranks.
@@ -430,10 +457,15 @@ def pack_rows(
     ``process_group`` (default: the default group): the ranks check in one all-reduce that they
     pass the same lengths and arguments, and all raise the same ``ValueError`` if not.
 
+    ``workload_fn`` (lengths -> non-negative workloads, as in :func:`seqbal.plan_micro_batches`)
+    is what the rows of one index balance across ranks; default None: their tokens. Every rank
+    must pass the same model (it is part of what the ranks compare).
+
     Returns:
         ``[rank][row]``: ascending sample indices per row; every rank has the same number of
         rows (best-fit decreasing's count, rounded up to a multiple of ``num_replicas``), rows of
-        one index ``i`` carry similar tokens on every rank, every sample appears exactly once.
+        one index ``i`` carry similar tokens (similar workloads, with ``workload_fn``) on every
+        rank, every sample appears exactly once.
 
     Complexity: one best-fit-decreasing pass, O(n log n).
 
@@ -443,7 +475,8 @@ def pack_rows(
     """
     error: Optional[BaseException] = None
     array = None
-    settings: dict[str, Optional[int]] = dict.fromkeys(("seq_length", "num_replicas", "cost_model"))
+    workloads = None
+    settings: dict[str, Optional[int]] = dict.fromkeys(("seq_length", "num_replicas", "cost_model", "workload_fn"))
     try:
         seq_length = int_argument("seq_length", seq_length)
         settings["seq_length"] = seq_length
@@ -453,6 +486,7 @@ def pack_rows(
         settings["cost_model"] = digest(repr(cost))
         array = int_array(lengths, "lengths", samples=True, integral_floats=False,
                           empty="lengths is empty: the dataset has no sample to pack")
+        settings["workload_fn"], workloads = _workload_setting(workload_fn, array)
     except ValueError as caught:
         error = caught
     agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="pack_rows")
@@ -460,7 +494,8 @@ def pack_rows(
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
         from ..schedule import build_dp_schedule
 
-        schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False)
+        schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False,
+                                     workload_fn=workload_fn)
         return [[list(part) for part in rank_parts] for rank_parts in schedule.micro_batches]
     from ..partition import best_fit_decreasing_partitions
     from ..partition.packing import split_bins_to_count
@@ -475,5 +510,6 @@ def pack_rows(
     if count > len(rows):
         rows = split_bins_to_count(rows, items.additive, count)
     bins = _assignment_from_groups(rows, len(array))
-    grid = deal_slots(np.bincount(bins, weights=items.additive, minlength=count), num_replicas, None)
+    weights = items.additive if workloads is None else workloads.astype(np.float64)
+    grid = deal_slots(np.bincount(bins, weights=weights, minlength=count), num_replicas, None)
     return _bins_to_samples(bins, list(grid), 1)
