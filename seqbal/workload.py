@@ -154,14 +154,24 @@ def checked_workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) ->
             )
         if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
             index = int(np.argmax(np.abs(values)))
-            raise ValueError(f"workload_fn returned {values[index]:.4g} for sample {index}, beyond int64 sums")
+            raise ValueError(
+                f"workload_fn returned {values[index]:.4g} for sample {index} (length "
+                f"{int(lengths.reshape(-1)[index])}), beyond int64 sums"
+            )
     elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
         index = int(np.argmax(values))
-        raise ValueError(f"workload_fn returned {int(values[index])} for sample {index}, beyond int64 sums")
+        raise ValueError(
+            f"workload_fn returned {int(values[index])} for sample {index} (length {int(lengths.reshape(-1)[index])}), "
+            f"beyond int64 sums"
+        )
     values = values.astype(np.int64)
     if (values < 0).any():
         index = int(np.argmax(values < 0))
-        raise ValueError(f"workload_fn returned a negative workload ({int(values[index])}) for sample {index}")
+        raise ValueError(
+            f"workload_fn returned a negative workload ({int(values[index])}) for sample {index} (length "
+            f"{int(lengths.reshape(-1)[index])}); workloads must be non-negative (an int64 model wraps around "
+            f"past 2**63 - 1: compute in float64 or keep the powers low)"
+        )
     return values
 
 
