@@ -134,8 +134,9 @@ def checked_workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) ->
     partitioners exact and deterministic).
 
     Raises:
-        ValueError: a result of another shape, a non-finite or negative workload, or one beyond
-            int64 sums (more than ``INT64_MAX // 11``), naming the sample and its length.
+        ValueError: a result of another shape, a non-finite or negative workload, or one (or
+            their total) beyond int64 sums (more than ``INT64_MAX // 11``), naming the sample and
+            its length.
 
     Examples:
         >>> checked_workloads(np.array([2, 3]), lambda s: s * 1.5).tolist()
@@ -171,6 +172,12 @@ def checked_workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) ->
             f"workload_fn returned a negative workload ({int(values[index])}) for sample {index} (length "
             f"{int(lengths.reshape(-1)[index])}); workloads must be non-negative (an int64 model wraps around "
             f"past 2**63 - 1: compute in float64 or keep the powers low)"
+        )
+    total = float(values.sum(dtype=np.float64)) if values.size else 0.0
+    if total > INT64_SAFE_TOTAL:  # the partitioners sum workloads in int64: they must not wrap around
+        raise ValueError(
+            f"workload_fn's workloads of these {values.size} lengths total {total:.4g}, beyond int64 sums "
+            f"(at most {INT64_SAFE_TOTAL}): scale the model down (only the workloads' ratios are balanced)"
         )
     return values
 
