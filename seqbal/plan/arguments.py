@@ -8,7 +8,7 @@ found a problem joins the agreement with its error code instead of raising at on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -32,8 +32,23 @@ class _Arguments:
     dummy_micro_batches: bool = False
     max_samples_per_micro_batch: Optional[int] = None
     workload_fn: Optional[WorkloadFn] = field(default=None, compare=False)
-    workload_digest: int = 0  # :func:`seqbal.workload.workload_digest` of ``workload_fn``
+    # :func:`seqbal.workload.workload_digest` of ``workload_fn``: what the ranks compare, so
+    # computed only where they do (:meth:`with_digest`, sync mode); 0 elsewhere
+    workload_digest: int = 0
     micro_batch_order: str = "pipeline"
+
+    def with_digest(self) -> "_Arguments":
+        """These arguments with ``workload_digest`` computed (sync mode: the ranks compare it).
+
+        Raises:
+            MicroBatchPlanError: the model fails on :data:`seqbal.workload.WORKLOAD_PROBE`.
+        """
+        try:
+            return replace(self, workload_digest=workload_digest(self.workload_fn))
+        except ValueError as error:
+            raise MicroBatchPlanError(
+                f"workload_fn on the probe lengths: {error}", MicroBatchPlanError.BAD_ARGUMENT
+            ) from None
 
     def must_match(self) -> tuple[int, ...]:
         """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same; a missing
@@ -67,8 +82,9 @@ def _validate_arguments(
 ) -> _Arguments:
     """Check the integer arguments and return them as Python ints, and the cost model.
 
-    ``workload_fn`` is checked on :data:`seqbal.workload.WORKLOAD_PROBE` (its digest is what
-    the ranks compare); ``micro_batch_order`` must name an order of :mod:`seqbal.order`.
+    ``workload_fn`` must be None or a callable (its workloads are checked where they are computed,
+    and on the probe lengths in sync mode: :meth:`_Arguments.with_digest`); ``micro_batch_order``
+    must name an order of :mod:`seqbal.order`.
 
     Any integral type is accepted (``np.uint32(2)``, ``np.int16(4096)``) and converted, so that
     no later arithmetic wraps or mixes unsigned and signed NumPy scalars; ``bool`` is rejected.
@@ -95,10 +111,9 @@ def _validate_arguments(
     if workload_fn is not None and not callable(workload_fn):
         raise bad(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
     try:
-        digest = workload_digest(workload_fn)
         micro_batch_order = check_micro_batch_order(micro_batch_order)
     except ValueError as error:
-        raise bad(f"{error}" if "micro_batch_order" in str(error) else f"workload_fn on the probe lengths: {error}") from None
+        raise bad(str(error)) from None
     if not isinstance(dummy_micro_batches, (bool, np.bool_)):
         raise bad(f"dummy_micro_batches must be True or False, got {dummy_micro_batches!r}")
     for field_name in ("round_to", "pack_round_to"):  # they travel in the packed int64 all-reduce too
@@ -119,7 +134,6 @@ def _validate_arguments(
             else checked("max_samples_per_micro_batch", max_samples_per_micro_batch, "None or a positive int")
         ),
         workload_fn=workload_fn,
-        workload_digest=digest,
         micro_batch_order=micro_batch_order,
     )
 

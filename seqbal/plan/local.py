@@ -450,7 +450,10 @@ def _local_stage(
     """
     arguments = None
     try:
-        arguments = _validate_arguments(**raw_arguments)
+        validated = _validate_arguments(**raw_arguments)
+        # the ranks compare the model's digest in the agreement; a model that fails on the probe
+        # leaves this rank without valid arguments, as any other invalid one does
+        arguments = validated.with_digest() if synced else validated
         measured = get_lengths()
         windows = None
         if isinstance(measured, _WindowedLengths):
