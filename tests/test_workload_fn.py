@@ -239,8 +239,9 @@ def test_no_workload_fn_and_the_default_model_plan_alike():
     ("tokens", "callable"),
 ])
 def test_a_bad_workload_fn_is_a_value_error_naming_it_everywhere(bad, message):
-    with pytest.raises(ValueError, match=message):
-        plan_micro_batches([5, 6], 20, workload_fn=bad)
+    for cost_model in COST_MODELS:  # the padded plan checks the model before its agreement too
+        with pytest.raises(ValueError, match=message):
+            plan_micro_batches([5, 6], 20, workload_fn=bad, cost_model=cost_model)
     with pytest.raises(ValueError, match=message):
         StepPlanner(20, 1, micro_batches_per_step=1, workload_fn=bad)
     with pytest.raises(ValueError, match=message):

@@ -186,7 +186,7 @@ def _local_plan(
     ``workload_fn`` (lengths -> workloads, checked by :func:`seqbal.workload.checked_workloads`)
     is what the partitions balance; None: the default model.
     """
-    model = balance_workloads if workload_fn is None else (lambda values: checked_workloads(values, workload_fn))
+    model = balance_workloads if workload_fn is None else _checked_model(workload_fn)
     n = len(lengths)
     if n % force_group_size:
         raise MicroBatchPlanError(
@@ -235,6 +235,10 @@ def _local_plan(
         windows = (starts.reshape(-1, g).min(axis=1), stops.reshape(-1, g).max(axis=1))
         group_longest = cost_model.rounded(np.maximum(windows[1] - windows[0], 0))
         group_costs = g * group_longest
+    if workload_fn is not None and cost_model.padded:
+        # The padded partitioner weighs groups' longest samples (window widths): check the model on
+        # all of them here, before any agreement, so that no later call on a subset can fail.
+        model(group_longest)
     over = np.flatnonzero(group_costs > max_token_len)
     if over.size:
         index = int(over[0])
@@ -303,6 +307,19 @@ def _local_plan(
         group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows,
         sample_workloads, group_cap, model,
     )
+
+
+def _checked_model(workload_fn: WorkloadFn) -> Callable[[np.ndarray], np.ndarray]:
+    """``workload_fn`` checked (:func:`seqbal.workload.checked_workloads`), its errors this rank's
+    :class:`MicroBatchPlanError` (an invalid argument, agreed like any other)."""
+
+    def model(values: np.ndarray) -> np.ndarray:
+        try:
+            return checked_workloads(values, workload_fn)
+        except ValueError as error:
+            raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_ARGUMENT) from None
+
+    return model
 
 
 #: Counts the sample repair tries after the token search's partition failed it, from that
