@@ -72,3 +72,5 @@ def test_different_orders_are_the_agreed_error_on_every_rank(records):
     assert plan[0] == plan[1] and "micro_batch_order from 'pipeline' to 'largest_first'" in plan[0]
     for error in _errors(records, "stream_order"):
         assert "disagree" in error and "micro_batch_order" in error
+    for error in _errors(records, "sampler_order"):
+        assert "different settings" in error and "micro_batch_order (from 0 to 2" in error

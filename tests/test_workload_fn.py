@@ -304,3 +304,26 @@ def test_largest_first_step_planner_orders_slots_by_their_largest_micro_batch():
         step = planner.next_step()
         slot_max = [max(sum(lengths[i] for i in mb) for mb in slot) for slot in zip(*step)]
         assert slot_max == sorted(slot_max, reverse=True)
+
+
+@pytest.mark.parametrize("cost_model", COST_MODELS)
+@pytest.mark.parametrize("order", MICRO_BATCH_ORDERS)
+def test_the_sampler_orders_the_slots_of_every_optimizer_step_and_keeps_its_micro_batches(cost_model, order):
+    lengths = np.random.default_rng(4).integers(1, 900, 300).tolist()
+    kwargs = dict(num_replicas=2, rank=0, gradient_accumulation_steps=4, cost_model=cost_model)
+    plain = TokenBudgetBatchSampler(lengths, 2048, **kwargs)
+    ordered = TokenBudgetBatchSampler(lengths, 2048, micro_batch_order=order, **kwargs)
+    for epoch in range(3):
+        mine, theirs = ordered.epoch_plan(epoch), plain.epoch_plan(epoch)
+        for rank in range(2):  # the same micro-batches on every rank, only in another order
+            assert sorted(map(sorted, mine[rank])) == sorted(map(sorted, theirs[rank]))
+        for start in range(0, len(mine[0]), 4):
+            slots = list(zip(*(rank[start:start + 4] for rank in mine)))
+            largest = [max(micro_batch_cost([lengths[i] for i in mb], cost_model) for mb in slot) for slot in slots]
+            works = [sum(_work(None, lengths, mb) for mb in slot) for slot in slots]
+            if order == "largest_first":
+                assert largest == sorted(largest, reverse=True)
+            else:  # light slots at both ends, the heaviest inside
+                assert max(works) not in (works[0], works[-1]) or len(set(works)) == 1
+    with pytest.raises(ValueError, match="'pipeline', 'largest_first'"):
+        TokenBudgetBatchSampler(lengths, 2048, micro_batch_order="heaviest", **kwargs)

@@ -64,6 +64,8 @@ def main(out_dir: str) -> None:
             records[f"stream_{scenario}"] = _record(stream)
     order = "pipeline" if rank == 0 else "largest_first"
     records["plan_order"] = _record(lambda: plan_micro_batches(mine, 2048, dp_group=group, micro_batch_order=order))
+    records["sampler_order"] = _record(lambda: TokenBudgetBatchSampler(
+        LENGTHS.tolist(), 2048, num_replicas=2, rank=rank, micro_batch_order=None if rank == 0 else order).epoch_plan())
 
     def stream_order():
         planner = StepPlanner(2048, 2, micro_batches_per_step=2, dp_group=group, micro_batch_order=order)

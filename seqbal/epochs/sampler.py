@@ -36,6 +36,7 @@ from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bin
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array
+from ..order import check_micro_batch_order, order_code
 from ..workload import WorkloadFn, checked_workloads, workload_digest
 from .agreement import agree_or_raise, digest
 
@@ -188,6 +189,11 @@ class TokenBudgetBatchSampler:
             :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
             Every rank must pass the same model: its workloads on fixed probe lengths and on the
             dataset's lengths are part of the inputs the ranks compare.
+        micro_batch_order: None (default): the slots of an epoch in random order (heaviest first
+            without ``shuffle``). ``"pipeline"`` or ``"largest_first"`` (:mod:`seqbal.order`):
+            the slots of every optimizer step (each run of ``gradient_accumulation_steps``
+            slots, still a random mix) in that order, the same on every rank. Compared across
+            ranks with the other settings.
 
     Complexity: building costs one BFD pass over the groups plus one or two random draws
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
@@ -215,13 +221,14 @@ class TokenBudgetBatchSampler:
         max_samples_per_micro_batch: Optional[int] = None,
         process_group: Any = None,
         workload_fn: Optional[WorkloadFn] = None,
+        micro_batch_order: Optional[str] = None,
     ) -> None:
         error: Optional[BaseException] = None
         array: Optional[np.ndarray] = None
         workloads: Optional[np.ndarray] = None
         settings: dict[str, Optional[int]] = dict.fromkeys(
             ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
-             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas", "workload_fn"))
+             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas", "workload_fn", "micro_batch_order"))
         try:  # every local check first, so that an error here is agreed with the other ranks
             self.num_replicas, self.rank = _default_replicas(num_replicas, rank)
             num_replicas = self.num_replicas
@@ -246,6 +253,8 @@ class TokenBudgetBatchSampler:
             array = int_array(lengths, "lengths", samples=True, integral_floats=False,
                               empty="lengths is empty: the dataset has no sample to plan")
             settings["workload_fn"], workloads = _workload_setting(workload_fn, array)
+            self.micro_batch_order = None if micro_batch_order is None else check_micro_batch_order(micro_batch_order)
+            settings["micro_batch_order"] = 0 if micro_batch_order is None else 1 + order_code(micro_batch_order)
         except ValueError as caught:
             error = caught
         agree_or_raise(list(settings.items()), array, error, num_replicas, process_group, who="TokenBudgetBatchSampler")
@@ -422,7 +431,32 @@ class TokenBudgetBatchSampler:
         if not fresh and rng is not None:
             bins = self._relabel(bins, rng)
         grid = self._grid(bins, rng, fresh)
+        if self.micro_batch_order is not None:
+            grid = self._ordered_steps(bins, grid)
         return _bins_to_samples(bins, [grid[r] for r in ranks], self.force_group_size)
+
+    def _ordered_steps(self, bins: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        """``grid`` (``[rank][slot]`` of bin ids) with the slots of every optimizer step (each
+        run of ``gradient_accumulation_steps``) in ``micro_batch_order``: by slot workload for
+        ``"pipeline"``, by the slot's largest bin (its cost against the cap) for
+        ``"largest_first"``. O(K log K)."""
+        from ..schedule.dp_schedule import _slot_order
+
+        items, g = self._items, self.force_group_size
+        work = np.bincount(bins, weights=items.workloads, minlength=self.count)
+        if items.additive is not None:
+            size = np.bincount(bins, weights=items.additive, minlength=self.count)
+        else:  # padded: samples x the longest (rounded) sample of the bin
+            longest = np.zeros(self.count, dtype=np.int64)
+            np.maximum.at(longest, bins, items.trade_key)
+            size = np.bincount(bins, minlength=self.count) * g * longest
+        ordered = grid.copy()
+        step = self.gradient_accumulation_steps
+        for start in range(0, grid.shape[1], step):
+            window = grid[:, start:start + step]
+            order = _slot_order(window.T.tolist(), work, self.micro_batch_order, size)
+            ordered[:, start:start + step] = window[:, order]
+        return ordered
 
     def epoch_plan(self, epoch: Optional[int] = None) -> list[list[list[int]]]:
         """Every rank's micro-batches for ``epoch`` (default the current one): ``[rank][slot]``,
