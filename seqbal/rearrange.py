@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from itertools import chain
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -251,6 +251,8 @@ def rearrange_micro_batches(
     *,
     dummy_micro_batches: bool = False,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: str = "pipeline",
 ) -> tuple[list[TensorDict], list[list[int]]]:
     """Split ``batch`` into micro-batches of at most ``max_token_len`` effective tokens each.
 
@@ -284,6 +286,11 @@ def rearrange_micro_batches(
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch
             (a forced group counts ``force_group_size``); see :func:`seqbal.plan_micro_batches`.
             Default None (no cap).
+        workload_fn: what the micro-batches balance (lengths -> non-negative workloads);
+            default None: :func:`seqbal.calculate_workload`. See
+            :func:`seqbal.plan_micro_batches`; the same model on every rank of ``dp_group``.
+        micro_batch_order: ``"pipeline"`` (default) or ``"largest_first"``, as in
+            :func:`seqbal.plan_micro_batches`; the same on every rank of ``dp_group``.
 
     Returns:
         ``(micro_batches, indices)``: ``micro_batches[i]`` is ``batch`` indexed along dim 0 with
@@ -316,6 +323,8 @@ def rearrange_micro_batches(
         cost_model,
         dummy_micro_batches,
         max_samples_per_micro_batch,
+        workload_fn,
+        micro_batch_order,
     )
     if any(not part for part in indices):
         read = measured[-1]

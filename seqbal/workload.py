@@ -17,7 +17,8 @@ constant (``seqbal/_default_workload.py``), never imports this module back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+import hashlib
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,6 +31,14 @@ if TYPE_CHECKING:
 
 #: Lengths: a torch tensor, a NumPy array or a sequence of ints (torch is never imported here).
 Lengths = Union["torch.Tensor", np.ndarray, Sequence[int]]
+
+#: A workload model: an int64 array of lengths -> one non-negative workload per length
+#: (integers, or floats rounded once to the nearest integer).
+WorkloadFn = Callable[[Any], Any]
+
+#: The lengths every rank's ``workload_fn`` is evaluated on to prove the ranks balance on the same
+#: model (:func:`workload_digest`): short to long, the linear and the quadratic regime alike.
+WORKLOAD_PROBE = np.array([0, 1, 2, 3, 5, 8, 13, 64, 100, 257, 1000, 1024, 4096, 8191, 32768, 131072], dtype=np.int64)
 
 
 def calculate_workload(seqlens: Lengths) -> Union["torch.Tensor", np.ndarray]:
@@ -114,3 +123,94 @@ def balance_workloads(tokens: np.ndarray) -> np.ndarray:
     shift = (total // INT64_SAFE_TOTAL).bit_length() + 1  # one more halving covers float rounding
     s = tokens.astype(np.float64)
     return np.floor((DEFAULT_LINEAR_COEFFICIENT * s + s * s) / 2.0**shift).astype(np.int64)
+
+
+def checked_workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.ndarray:
+    """``workload_fn(lengths)`` as checked int64 workloads, one per length (None: the default
+    model, :func:`calculate_workload`). The one check of a caller's workload model, shared by
+    every planner that takes ``workload_fn``. O(n) plus the model.
+
+    Float results are rounded once to the nearest integer (integer workloads keep the
+    partitioners exact and deterministic).
+
+    Raises:
+        ValueError: a result of another shape, a non-finite or negative workload, or one (or
+            their total) beyond int64 sums (more than ``INT64_MAX // 11``), naming the sample and
+            its length.
+
+    Examples:
+        >>> checked_workloads(np.array([2, 3]), lambda s: s * 1.5).tolist()
+        [3, 4]
+    """
+    values = np.asarray((workload_fn or calculate_workload)(lengths))
+    if values.shape != lengths.shape:
+        raise ValueError(f"workload_fn returned shape {values.shape} for lengths of shape {lengths.shape}")
+    if not np.issubdtype(values.dtype, np.integer):
+        values = np.rint(values.astype(np.float64))
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise ValueError(
+                f"workload_fn returned {values[bad[0]]} for sample {int(bad[0])} (length {int(lengths[bad[0]])}); "
+                f"workloads must be finite"
+            )
+        if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
+            index = int(np.argmax(np.abs(values)))
+            raise ValueError(
+                f"workload_fn returned {values[index]:.4g} for sample {index} (length "
+                f"{int(lengths.reshape(-1)[index])}), beyond int64 sums"
+            )
+    elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
+        index = int(np.argmax(values))
+        raise ValueError(
+            f"workload_fn returned {int(values[index])} for sample {index} (length {int(lengths.reshape(-1)[index])}), "
+            f"beyond int64 sums"
+        )
+    values = values.astype(np.int64)
+    if (values < 0).any():
+        index = int(np.argmax(values < 0))
+        raise ValueError(
+            f"workload_fn returned a negative workload ({int(values[index])}) for sample {index} (length "
+            f"{int(lengths.reshape(-1)[index])}); workloads must be non-negative (an int64 model wraps around "
+            f"past 2**63 - 1: compute in float64 or keep the powers low)"
+        )
+    total = float(values.sum(dtype=np.float64)) if values.size else 0.0
+    if total > INT64_SAFE_TOTAL:  # the partitioners sum workloads in int64: they must not wrap around
+        raise ValueError(
+            f"workload_fn's workloads of these {values.size} lengths total {total:.4g}, beyond int64 sums "
+            f"(at most {INT64_SAFE_TOTAL}): scale the model down (only the workloads' ratios are balanced)"
+        )
+    return values
+
+
+def plan_workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.ndarray:
+    """The workloads a planner balances: :func:`balance_workloads` for the default model (exact,
+    kept safe beyond int64), else :func:`checked_workloads` of the caller's model. O(n)."""
+    return balance_workloads(lengths) if workload_fn is None else checked_workloads(lengths, workload_fn)
+
+
+_DEFAULT_DIGEST: list[int] = []
+
+
+def workload_digest(workload_fn: Optional[WorkloadFn]) -> int:
+    """A 63-bit digest (a non-negative int) of a workload model: BLAKE2b of its checked workloads
+    on :data:`WORKLOAD_PROBE`. Ranks compare it (in the agreement they already run) to prove
+    they balance on the same model; ``None`` and :func:`calculate_workload` give the same
+    digest, as they plan alike. O(len(WORKLOAD_PROBE)) plus the model (cached for ``None``).
+
+    Raises:
+        ValueError: the model fails :func:`checked_workloads` on the probe.
+
+    Examples:
+        >>> workload_digest(None) == workload_digest(calculate_workload)
+        True
+        >>> workload_digest(None) == workload_digest(make_workload_fn(1024))
+        False
+    """
+    if workload_fn is None and _DEFAULT_DIGEST:
+        return _DEFAULT_DIGEST[0]
+    values = checked_workloads(WORKLOAD_PROBE.copy(), workload_fn)
+    data = np.ascontiguousarray(values, dtype="<i8").tobytes()
+    value = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & INT64_MAX
+    if workload_fn is None:
+        _DEFAULT_DIGEST.append(value)
+    return value

@@ -14,9 +14,18 @@ a GPU: ``tests/test_distributed.py``'s NCCL variants need two GPUs, and this scr
    and backward of a single ``C``-token sequence (the largest thing the cap admits), plus 5%
    for allocator rounding: the cap bounds what a step allocates, which is why it is a cap.
 
+3. **Micro-batch order and reserved memory.** The same three steps (64 samples each, padded
+   micro-batches under a 4,096-token cap) run once with ``micro_batch_order="pipeline"`` and
+   once with ``"largest_first"``, each from an emptied allocator cache; every step's
+   micro-batches must come largest first under ``"largest_first"``, and on a GPU
+   ``torch.cuda.max_memory_reserved()`` of both runs is printed: ``"largest_first"`` must
+   reserve no more than ``"pipeline"`` (plus 5% for allocator rounding), since its first
+   micro-batch is its largest and the caching allocator reuses those blocks for the rest.
+
 Usage: ``torchrun --nproc_per_node=<gpus> tests/gpu_smoke.py`` or ``python tests/gpu_smoke.py``
 (one rank). Prints one ``PASS``/``FAIL`` line per check and exits non-zero on a failure.
-``--cpu`` is a dry run on gloo and the CPU (check 1 only), so that the CPU suite runs this
+``--cpu`` is a dry run on gloo and the CPU (check 1, and check 3's order without memory
+figures), so that the CPU suite runs this
 script and it cannot rot between the sessions that have a GPU (tests/test_gpu_smoke.py).
 """
 
@@ -182,6 +191,61 @@ def check_peak_memory(rank: int) -> list[str]:
     return []
 
 
+def check_order_memory(rank: int, on_gpu: bool) -> list[str]:
+    import torch
+    from tensordict import TensorDict
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from tiny_model import TinyCausalLM
+
+    from seqbal import rearrange_micro_batches
+
+    device = "cuda" if on_gpu else "cpu"
+    cap, hidden = (4096, 256) if on_gpu else (256, 32)
+    model = TinyCausalLM(vocab=97, hidden=hidden, layers=2, heads=4, max_len=cap).to(device)
+
+    def step(ids: Any, mask: Any) -> None:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        model(ids, mask, positions).float().logsumexp(-1).mul(mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    full = torch.ones(1, cap, dtype=torch.long, device=device)
+    step(full, full)  # warm-up: kernels and workspaces belong to neither order
+    g = torch.Generator().manual_seed(23 + rank)
+    batches = []
+    for _ in range(3):
+        lengths = torch.randint(16, cap + 1, (64,), generator=g)
+        width = int(lengths.max())
+        mask = (torch.arange(width)[None] < lengths[:, None]).long()
+        ids = torch.randint(1, 97, (64, width), generator=g) * mask
+        batches.append(TensorDict({"input_ids": ids, "attention_mask": mask}, batch_size=[64]).to(device))
+    problems, reserved = [], {}
+    for order in ("pipeline", "largest_first"):
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        for number, batch in enumerate(batches):
+            micro, _ = rearrange_micro_batches(batch, cap, cost_model="padded", trim_padding=True,
+                                               micro_batch_order=order)
+            sizes = [mb["attention_mask"].shape[0] * mb["attention_mask"].shape[1] for mb in micro]
+            if order == "largest_first" and sizes != sorted(sizes, reverse=True):
+                problems.append(f"step {number}: largest_first ran micro-batches of {sizes} padded tokens")
+            for mb in micro:
+                step(mb["input_ids"], mb["attention_mask"])
+        if on_gpu:
+            torch.cuda.synchronize()
+            reserved[order] = torch.cuda.max_memory_reserved()
+    if on_gpu:
+        print(f"rank {rank}: max_memory_reserved over 3 steps: pipeline {reserved['pipeline'] / 2**20:.1f} MiB, "
+              f"largest_first {reserved['largest_first'] / 2**20:.1f} MiB "
+              f"({reserved['largest_first'] / reserved['pipeline']:.3f}x)")
+        if reserved["largest_first"] > 1.05 * reserved["pipeline"]:
+            problems.append(f"largest_first reserved {reserved['largest_first']} bytes, over 1.05x pipeline's "
+                            f"{reserved['pipeline']}")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     import torch
 
@@ -196,6 +260,7 @@ def main(argv: list[str]) -> int:
     ]
     if on_gpu:
         checks.append(("peak memory against the cap", lambda: check_peak_memory(rank)))
+    checks.append(("micro-batch order and reserved memory", lambda: check_order_memory(rank, on_gpu)))
     failed = False
     for name, check in checks:
         problems = check()

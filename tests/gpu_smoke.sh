@@ -2,8 +2,10 @@
 # The checks that need a GPU, in one short run (well under five minutes on one H200):
 #   1. the NCCL variants of tests/test_distributed.py (they need two GPUs; they skip on one),
 #   2. tests/gpu_smoke.py on NCCL, one rank per GPU: the agreement's collectives on the device,
-#      an agreed over-cap error, loss_weights, restore, and every micro-batch's peak memory
-#      against a forward of one cap-sized sequence,
+#      an agreed over-cap error, loss_weights, restore, every micro-batch's peak memory
+#      against a forward of one cap-sized sequence, and torch.cuda.max_memory_reserved() over
+#      three steps under micro_batch_order="pipeline" and "largest_first" (largest_first must
+#      reserve no more, within 5%),
 #   3. the PPO actor step (examples/ppo_actor_step.py) on NCCL, one rank per GPU, every
 #      loss_agg_mode's gradient checked, then with a short rank (dummy micro-batches),
 #   4. tests/gpu_memory_smoke.py: seqbal.memory.calibrate on CUDA (a small transformer, eager
@@ -60,7 +62,7 @@ step() {  # step NAME TIMEOUT COMMAND...: run it, report PASS/FAIL with its time
 
 step "NCCL variants of the distributed scenarios (2+ GPUs; skipped on one)" 150 \
     python3 -m pytest -q -p no:cacheprovider -o addopts="" -rs -k nccl tests/test_distributed.py
-step "NCCL agreement and peak memory against the cap ($gpus rank(s))" 120 \
+step "NCCL agreement, peak memory against the cap, reserved memory by micro-batch order ($gpus rank(s))" 150 \
     torchrun --standalone --nproc_per_node="$gpus" tests/gpu_smoke.py
 step "PPO actor step on NCCL ($gpus rank(s))" 90 \
     torchrun --standalone --nproc_per_node="$gpus" examples/ppo_actor_step.py

@@ -40,6 +40,8 @@ def test_dry_run_on_gloo(ranks):
     # counted, not split into lines: two ranks' prints may land on one line of the shared stdout
     passed = result.stdout.count("PASS gloo agreement")
     assert result.returncode == 0 and passed == ranks and "FAIL" not in result.stdout, result.stdout + result.stderr
+    # the order check's CPU part (largest_first runs the largest micro-batch first; no memory figures)
+    assert result.stdout.count("PASS micro-batch order and reserved memory") == ranks, result.stdout
 
 
 def test_memory_calibration_on_the_cpu():

@@ -41,7 +41,22 @@ from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bin
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array, is_int
+from ..order import check_micro_batch_order, order_code
+from ..workload import WorkloadFn, checked_workloads, workload_digest
 from .agreement import agree_or_raise, digest
+
+
+def _workload_setting(workload_fn: Optional[WorkloadFn], lengths: np.ndarray) -> tuple[int, Optional[np.ndarray]]:
+    """What the ranks compare of ``workload_fn`` (a 63-bit digest of its workloads on the fixed
+    probe lengths, and with a model of the caller's on the dataset's lengths too), and those
+    workloads (None for the default model, computed where needed). ValueError: not a callable,
+    or workloads that fail :func:`seqbal.workload.checked_workloads`. O(n) with a model."""
+    if workload_fn is None:
+        return workload_digest(None), None
+    if not callable(workload_fn):
+        raise ValueError(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
+    workloads = checked_workloads(lengths, workload_fn)
+    return digest((workload_digest(workload_fn), digest(workloads))), workloads
 
 __all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
 
@@ -90,7 +105,8 @@ class _Items:
     """The dataset as forced groups ("items"): their cost against the cap, their workload, and
     the check that each fits, with messages naming the caller's own cap argument."""
 
-    def __init__(self, lengths: np.ndarray, cap: int, cap_name: str, cost: CostModel, group_size: int) -> None:
+    def __init__(self, lengths: np.ndarray, cap: int, cap_name: str, cost: CostModel, group_size: int,
+                 workloads: Optional[np.ndarray] = None) -> None:
         n = len(lengths)
         if n % group_size:
             raise ValueError(f"force_group_size={group_size} does not divide the dataset's {n} samples")
@@ -119,7 +135,9 @@ class _Items:
 
         #: Groups of one key can trade places without changing any micro-batch's cost.
         self.trade_key = self.additive if self.additive is not None else measured.reshape(-1, group_size).max(axis=1)
-        self.workloads = np.asarray(calculate_workload(lengths), dtype=np.float64).reshape(-1, group_size).sum(axis=1)
+        if workloads is None:
+            workloads = calculate_workload(lengths)
+        self.workloads = np.asarray(workloads, dtype=np.float64).reshape(-1, group_size).sum(axis=1)
 
     def __len__(self) -> int:
         return len(self.costs)
@@ -188,6 +206,15 @@ class TokenBudgetBatchSampler:
         process_group: the ranks that build this sampler and check each other's inputs, one
             per replica; default the default process group. With tensor or pipeline
             parallelism, pass the data-parallel group (the ranks that split the data).
+        workload_fn: what the slots balance (lengths -> non-negative workloads, as in
+            :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must pass the same model: its workloads on fixed probe lengths and on the
+            dataset's lengths are part of the inputs the ranks compare.
+        micro_batch_order: None (default): the slots of an epoch in random order (heaviest first
+            without ``shuffle``). ``"pipeline"`` or ``"largest_first"`` (:mod:`seqbal.order`):
+            the slots of every optimizer step (each run of ``gradient_accumulation_steps``
+            slots, still a random mix) in that order, the same on every rank. Compared across
+            ranks with the other settings.
 
     Complexity: building costs one BFD pass over the groups plus one or two random draws
     (O(n log K) in NumPy each) and a digest of the lengths; an epoch's plan is one or two draws;
@@ -217,12 +244,15 @@ class TokenBudgetBatchSampler:
         gradient_accumulation_steps: int = 1,
         max_samples_per_micro_batch: Optional[int] = None,
         process_group: Any = None,
+        workload_fn: Optional[WorkloadFn] = None,
+        micro_batch_order: Optional[str] = None,
     ) -> None:
         error: Optional[BaseException] = None
         array: Optional[np.ndarray] = None
+        workloads: Optional[np.ndarray] = None
         settings: dict[str, Optional[int]] = dict.fromkeys(
             ("max_token_len", "cost_model", "force_group_size", "gradient_accumulation_steps",
-             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas"))
+             "max_samples_per_micro_batch", "seed", "shuffle", "num_replicas", "workload_fn", "micro_batch_order"))
         num_replicas_checked = rank_checked = None
         try:  # every local check first, so that an error here is agreed with the other ranks
             self.num_replicas, self.rank = _default_replicas(num_replicas, rank, process_group)
@@ -247,6 +277,9 @@ class TokenBudgetBatchSampler:
             settings["shuffle"] = int(self.shuffle)
             array = int_array(lengths, "lengths", samples=True, integral_floats=False,
                               empty="lengths is empty: the dataset has no sample to plan")
+            settings["workload_fn"], workloads = _workload_setting(workload_fn, array)
+            self.micro_batch_order = None if micro_batch_order is None else check_micro_batch_order(micro_batch_order)
+            settings["micro_batch_order"] = 0 if micro_batch_order is None else 1 + order_code(micro_batch_order)
         except ValueError as caught:
             error = caught
         agree_or_raise(list(settings.items()), array, error, process_group, who="TokenBudgetBatchSampler",
@@ -254,8 +287,9 @@ class TokenBudgetBatchSampler:
         # Past this point every rank holds the same inputs: what follows is the same everywhere,
         # errors included, so a rank can raise without leaving another in a collective.
         self.lengths = array
+        self.workload_fn = workload_fn
         self.epoch = 0
-        self._items = _Items(array, self.max_token_len, "max_token_len", self.cost_model, self.force_group_size)
+        self._items = _Items(array, self.max_token_len, "max_token_len", self.cost_model, self.force_group_size, workloads)
         self._plan_count()
 
     # --- the count, fixed once ---------------------------------------------------------------
@@ -354,6 +388,7 @@ class TokenBudgetBatchSampler:
                 self.lengths, self.num_replicas, self.max_token_len, force_group_size=self.force_group_size,
                 num_batches_divided_by=self.gradient_accumulation_steps, cost_model=self.cost_model,
                 use_dynamic_bsz_balance=False, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+                workload_fn=self.workload_fn,
             )
         except ValueError as error:
             if "Cannot satisfy" not in str(error):
@@ -454,7 +489,32 @@ class TokenBudgetBatchSampler:
         if not fresh and rng is not None:
             bins = self._relabel(bins, rng)
         grid = self._grid(bins, rng, fresh)
+        if self.micro_batch_order is not None:
+            grid = self._ordered_steps(bins, grid)
         return _bins_to_samples(bins, [grid[r] for r in ranks], self.force_group_size)
+
+    def _ordered_steps(self, bins: np.ndarray, grid: np.ndarray) -> np.ndarray:
+        """``grid`` (``[rank][slot]`` of bin ids) with the slots of every optimizer step (each
+        run of ``gradient_accumulation_steps``) in ``micro_batch_order``: by slot workload for
+        ``"pipeline"``, by the slot's largest bin (its cost against the cap) for
+        ``"largest_first"``. O(K log K)."""
+        from ..schedule.dp_schedule import _slot_order
+
+        items, g = self._items, self.force_group_size
+        work = np.bincount(bins, weights=items.workloads, minlength=self.count)
+        if items.additive is not None:
+            size = np.bincount(bins, weights=items.additive, minlength=self.count)
+        else:  # padded: samples x the longest (rounded) sample of the bin
+            longest = np.zeros(self.count, dtype=np.int64)
+            np.maximum.at(longest, bins, items.trade_key)
+            size = np.bincount(bins, minlength=self.count) * g * longest
+        ordered = grid.copy()
+        step = self.gradient_accumulation_steps
+        for start in range(0, grid.shape[1], step):
+            window = grid[:, start:start + step]
+            order = _slot_order(window.T.tolist(), work, self.micro_batch_order, size)
+            ordered[:, start:start + step] = window[:, order]
+        return ordered
 
     def epoch_plan(self, epoch: Optional[int] = None) -> list[list[list[int]]]:
         """Every rank's micro-batches for ``epoch`` (default the current one): ``[rank][slot]``,
@@ -474,6 +534,7 @@ def pack_rows(
     num_replicas: int = 1,
     cost_model: Union[None, str, Any] = None,
     process_group: Any = None,
+    workload_fn: Optional[WorkloadFn] = None,
 ) -> list[list[list[int]]]:
     """Pack a dataset's samples into rows of at most ``seq_length`` tokens, offline (the job of
     TRL's ``pack_dataset(strategy="bfd")``), with the rows balanced over ``num_replicas`` ranks.
@@ -491,10 +552,15 @@ def pack_rows(
     whole group, to be shared out afterwards, e.g. by a ``DistributedSampler`` over the rows),
     and all raise the same ``ValueError`` if not.
 
+    ``workload_fn`` (lengths -> non-negative workloads, as in :func:`seqbal.plan_micro_batches`)
+    is what the rows of one index balance across ranks; default None: their tokens. Every rank
+    must pass the same model (it is part of what the ranks compare).
+
     Returns:
         ``[rank][row]``: ascending sample indices per row; every rank has the same number of
         rows (best-fit decreasing's count, rounded up to a multiple of ``num_replicas``), rows of
-        one index ``i`` carry similar tokens on every rank, every sample appears exactly once.
+        one index ``i`` carry similar tokens (similar workloads, with ``workload_fn``) on every
+        rank, every sample appears exactly once.
 
     Complexity: one best-fit-decreasing pass, O(n log n).
 
@@ -504,7 +570,8 @@ def pack_rows(
     """
     error: Optional[BaseException] = None
     array = None
-    settings: dict[str, Optional[int]] = dict.fromkeys(("seq_length", "num_replicas", "cost_model"))
+    workloads = None
+    settings: dict[str, Optional[int]] = dict.fromkeys(("seq_length", "num_replicas", "cost_model", "workload_fn"))
     try:
         seq_length = int_argument("seq_length", seq_length)
         settings["seq_length"] = seq_length
@@ -514,6 +581,7 @@ def pack_rows(
         settings["cost_model"] = digest(repr(cost))
         array = int_array(lengths, "lengths", samples=True, integral_floats=False,
                           empty="lengths is empty: the dataset has no sample to pack")
+        settings["workload_fn"], workloads = _workload_setting(workload_fn, array)
     except ValueError as caught:
         error = caught
     # num_replicas=1 on every rank is packing once for the group (compared like every setting);
@@ -524,7 +592,8 @@ def pack_rows(
     if items.additive is None:  # the padded cost: its own exact partitioner, through the schedule
         from ..schedule import build_dp_schedule
 
-        schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False)
+        schedule = build_dp_schedule(array, num_replicas, seq_length, cost_model=cost, use_dynamic_bsz_balance=False,
+                                     workload_fn=workload_fn)
         return [[list(part) for part in rank_parts] for rank_parts in schedule.micro_batches]
     from ..partition import best_fit_decreasing_partitions
     from ..partition.packing import split_bins_to_count
@@ -539,5 +608,6 @@ def pack_rows(
     if count > len(rows):
         rows = split_bins_to_count(rows, items.additive, count)
     bins = _assignment_from_groups(rows, len(array))
-    grid = deal_slots(np.bincount(bins, weights=items.additive, minlength=count), num_replicas, None)
+    weights = items.additive if workloads is None else workloads.astype(np.float64)
+    grid = deal_slots(np.bincount(bins, weights=weights, minlength=count), num_replicas, None)
     return _bins_to_samples(bins, list(grid), 1)

@@ -43,6 +43,7 @@ import warnings
 from typing import Any, Optional, Union
 
 from ._patching import Patch, apply_all, undo_all
+from ._settings import PlanSettings
 from ..epochs.sampler import TokenBudgetBatchSampler
 from .trl import _FollowsTrainerEpoch, checked_settings, dataset_lengths, sampler_for_trainer
 
@@ -147,6 +148,7 @@ def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudg
         LlamaFactoryTokenBudgetBatchSampler, trainer, lengths, cap, cost_model=cost_model,
         max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
         shuffle=not getattr(finetuning, "disable_shuffling", False), advice=advice,
+        workload_fn=_settings.get("workload_fn"),
     )
 
 
@@ -204,6 +206,7 @@ def _get_train_dataloader(self: Any) -> Any:
 
 def install(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Any] = None,
 ) -> list[tuple[str, str]]:
     """Make LLaMA-Factory's SFT trainer (``CustomSeq2SeqTrainer``) build its training dataloader
     from a token-budget batch sampler under ``max_token_len``. Call it in every training process
@@ -228,6 +231,8 @@ def install(
         max_samples_per_micro_batch: a second hard cap, on the samples (rows) of every
             micro-batch; default None (as many as fit). Give 1 with ``neat_packing`` and
             ``flash_attention_2``.
+        workload_fn: what the slots balance across ranks (lengths -> non-negative workloads);
+            default None: :func:`seqbal.calculate_workload`. The same model on every rank.
 
     Returns:
         the ``(owner, attribute)`` pairs that now point to seqbal.
@@ -246,6 +251,7 @@ def install(
     """
     max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
         max_token_len, cost_model, max_samples_per_micro_batch, cap_optional=True)
+    PlanSettings.checked(workload_fn, "pipeline")
     try:
         trainer_class = importlib.import_module(TRAINER_MODULE).CustomSeq2SeqTrainer
         base = importlib.import_module("transformers.trainer").Trainer
@@ -261,7 +267,7 @@ def install(
             f"{getattr(owner, '__qualname__', owner)}, not transformers' Trainer (tested: {TESTED})"
         )
     _settings.update(max_token_len=max_token_len, cost_model=cost_model,
-                     max_samples_per_micro_batch=max_samples_per_micro_batch)
+                     max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn)
     _classes["trainer"] = trainer_class
     if not _patches and vars(base)[_NAME] is not _get_train_dataloader:
         _patches.append(Patch(base, _NAME, _get_train_dataloader))

@@ -29,6 +29,7 @@ import importlib
 from typing import Any, ContextManager, Optional, Sequence
 
 from ._patching import Patch, apply_all, installed_while, undo_all
+from ._settings import PlanSettings
 
 __all__ = ["install", "uninstall", "installed", "is_installed", "allocate_balanced_mbs_synced"]
 
@@ -38,31 +39,41 @@ _NAME = "allocate_balanced_mbs_synced"
 
 _patches: list[Patch] = []
 _wrappers: dict[str, Any] = {}
+# What install() was given: forwarded to every plan the installed function makes.
+_settings: list[PlanSettings] = [PlanSettings()]
 
 
 def _wrapper() -> Any:
     if _NAME not in _wrappers:
         _wrappers[_NAME] = functools.wraps(allocate_balanced_mbs_synced)(
-            lambda *args, **kwargs: allocate_balanced_mbs_synced(*args, **kwargs)
+            lambda *args, **kwargs: allocate_balanced_mbs_synced(*args, **_settings[0].merged(kwargs, order=False))
         )
     return _wrappers[_NAME]
 
 
-def install() -> list[tuple[str, str]]:
+def install(*, workload_fn: Optional[Any] = None) -> list[tuple[str, str]]:
     """Make the running AReaL plan its micro-batches with seqbal. Idempotent. Call it in every
     training process (each engine rank) before training. O(loaded modules x their attributes).
+
+    Args:
+        workload_fn: what every plan balances (lengths -> non-negative workloads, see
+            :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must install the same model. A later ``install`` replaces it. (AReaL
+            returns its micro-batches sorted, so there is no order to choose.)
 
     Returns:
         the ``(module, attribute)`` pairs that now point to seqbal.
 
     Raises:
         ImportError: AReaL is not installed (or ``areal.utils.data`` fails to import).
+        ValueError: ``workload_fn`` is not a workload model.
 
     Examples:
         >>> from seqbal.integrations import areal as seqbal_areal
         >>> seqbal_areal.install()  # doctest: +SKIP
         [('areal.utils.data', 'allocate_balanced_mbs_synced')]
     """
+    settings = PlanSettings.checked(workload_fn, "pipeline")
     try:
         module = importlib.import_module(AREAL_MODULE)
     except ImportError as error:
@@ -70,6 +81,7 @@ def install() -> list[tuple[str, str]]:
             f"seqbal.integrations.areal needs AReaL (tested with areal 1.0.4): importing {AREAL_MODULE} failed "
             f"with {type(error).__name__}: {error}"
         ) from error
+    _settings[0] = settings
     if not _patches and vars(module)[_NAME] is not _wrapper():
         _patches.append(Patch(module, _NAME, _wrapper(), everywhere=True))
     return apply_all(_patches)
@@ -83,6 +95,7 @@ def uninstall() -> list[tuple[str, str]]:
     """
     changed = undo_all(_patches)
     _patches.clear()
+    _settings[0] = PlanSettings()
     return changed
 
 
@@ -91,13 +104,14 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-def installed() -> ContextManager[list[tuple[str, str]]]:
-    """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
-    it was not installed before the block)."""
-    return installed_while(install, uninstall, is_installed)
+def installed(*, workload_fn: Optional[Any] = None) -> ContextManager[list[tuple[str, str]]]:
+    """``with installed(): ...`` runs the block with seqbal installed (with :func:`install`'s
+    ``workload_fn``), then uninstalls it (if it was not installed before the block)."""
+    return installed_while(lambda: install(workload_fn=workload_fn), uninstall, is_installed)
 
 
-def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optional[Any] = None) -> list[list[int]]:
+def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optional[Any] = None, *,
+                                 workload_fn: Optional[Any] = None) -> list[list[int]]:
     """AReaL's ``allocate_balanced_mbs_synced`` with seqbal's plan.
 
     Args:
@@ -108,6 +122,8 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
             sequences): a list, NumPy array or 1-D tensor.
         group: the ranks that must run the same count; None is the default group. Without an
             initialised torch.distributed, the plan is local.
+        workload_fn: what the micro-batches balance (installed: :func:`install`'s); default
+            None: :func:`seqbal.calculate_workload`.
 
     Returns:
         The micro-batches as ascending index lists into ``lens``, sorted (as AReaL returns
@@ -145,7 +161,7 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
     try:
         parts = plan_micro_batches(
             lens, cap, dp_group=dp_group, num_batches_divided_by=divisor, min_num_micro_batch=n_mbs,
-            use_dynamic_bsz_balance=False,
+            use_dynamic_bsz_balance=False, workload_fn=workload_fn,
         )
     except MicroBatchPlanError as error:
         raise MicroBatchPlanError(

@@ -45,7 +45,7 @@ from ..epochs.sampler import TokenBudgetBatchSampler
 from ..validation import int_argument, is_int
 from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
-__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable"]
+__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable", "workload_fn_setting"]
 
 #: How the plug-in is named in axolotl's YAML ``plugins:`` list.
 PLUGIN = "seqbal.integrations.axolotl.SeqbalPlugin"
@@ -121,7 +121,7 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
     return sampler_for_trainer(
         _sampler_class(), self, get_dataset_lengths(dataset), settings["max_token_len"],
         max_samples_per_micro_batch=settings["max_samples_per_micro_batch"],
-        shuffle=not getattr(args, "curriculum_sampling", False),
+        shuffle=not getattr(args, "curriculum_sampling", False), workload_fn=settings.get("workload_fn"),
     )
 
 
@@ -144,7 +144,10 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
 
     Settings read from ``cfg``: ``seqbal_max_token_len`` (default ``micro_batch_size x
     sequence_len``), ``sample_packing_bin_size`` (samples per packed row, axolotl's default 200),
-    ``seqbal_token_mean_loss`` (default True), ``max_steps`` (kept when set; otherwise the
+    ``seqbal_token_mean_loss`` (default True), ``seqbal_workload_fn`` (what the slots balance
+    across ranks: the import path of a callable, lengths -> non-negative workloads, as
+    ``"my_package.costs:workload"`` or ``"my_package.costs.workload"``, or the callable itself;
+    default :func:`seqbal.calculate_workload`), ``max_steps`` (kept when set; otherwise the
     trainer's ``max_steps`` is reset to -1, so the step count is the sampler's exact one instead
     of axolotl's estimate from its own packing).
 
@@ -152,7 +155,8 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
         the settings applied (empty when nothing was done).
 
     Raises:
-        ValueError: an invalid cap; ``multipack_real_batches`` (several rows per micro-batch is
+        ValueError: an invalid cap; a ``seqbal_workload_fn`` that does not import or is not a
+            workload model; ``multipack_real_batches`` (several rows per micro-batch is
             axolotl's own mode, not planned here); ``seqbal_token_mean_loss`` with a model whose
             ``forward`` cannot take ``num_items_in_batch`` and no ``compute_loss_func``.
     """
@@ -164,6 +168,7 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
     bin_size = _get(cfg, "sample_packing_bin_size")
     settings = {"max_token_len": micro_batch_cap(cfg),
                 "max_samples_per_micro_batch": None if bin_size is None else int(bin_size)}
+    settings["workload_fn"] = workload_fn_setting(_get(cfg, "seqbal_workload_fn"))
     token_mean = _get(cfg, "seqbal_token_mean_loss")
     settings["token_mean_loss"] = True if token_mean is None else bool(token_mean)
     if settings["token_mean_loss"]:
@@ -182,6 +187,34 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
     trainer._seqbal_settings = settings
     trainer._get_train_sampler = types.MethodType(_get_train_sampler, trainer)
     return settings
+
+
+def workload_fn_setting(value: Any) -> Any:
+    """``seqbal_workload_fn`` as a workload model: None stays None (the default model), a
+    callable is taken as it is, a string ``"module:name"`` or ``"module.name"`` is imported.
+
+    Raises:
+        ValueError: a path that does not import, or that names no workload model (checked on the
+            probe lengths, :func:`seqbal.workload.workload_digest`).
+
+    >>> workload_fn_setting("seqbal.workload:calculate_workload").__name__
+    'calculate_workload'
+    """
+    from ._settings import PlanSettings
+
+    if isinstance(value, str):
+        module_name, _, name = value.partition(":") if ":" in value else value.rpartition(".")
+        try:
+            value = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ValueError(
+                f"seqbal_workload_fn={value!r} does not import ({type(error).__name__}: {error}): give "
+                f"'package.module:name' of a callable lengths -> workloads"
+            ) from None
+    try:
+        return PlanSettings.checked(value, "pipeline").workload_fn
+    except ValueError as error:
+        raise ValueError(f"seqbal_workload_fn: {error}") from None
 
 
 def disable(trainer: Any) -> bool:
@@ -204,6 +237,10 @@ def _input_args_class() -> type:
             seqbal_max_token_len: Optional[int] = Field(
                 default=None, description="Hard cap on the tokens of every packed micro-batch (one row); default "
                 "micro_batch_size x sequence_len.")
+            seqbal_workload_fn: Optional[str] = Field(
+                default=None, description="What the micro-batches balance across ranks: the import path "
+                "'package.module:name' of a callable, lengths -> non-negative workloads; default seqbal's "
+                "FLOPs formula 24576 s + s^2.")
             seqbal_token_mean_loss: Optional[bool] = Field(
                 default=None, description="Normalise the loss by the step's label tokens over all micro-batches and "
                 "ranks (the step's global token mean); default true.")

@@ -44,6 +44,8 @@ from typing import Any, Callable, ContextManager, Optional, Union
 import numpy as np
 
 from ._patching import Patch, apply_all, installed_while, undo_all
+from ._settings import PlanSettings
+from ..workload import workload_digest
 
 __all__ = ["install", "uninstall", "is_installed", "installed", "TESTED", "STRATEGIES"]
 
@@ -118,7 +120,9 @@ def _fill_buffer(strategy: str, buffer: Any, batch_info: dict, next_samples: Cal
                 break
             new.append(sample)
             added += int(cost_model.sample_costs(np.array([_length(sample)]))[0])
-    facts = (cap, repr(cost_model), int(batch_info["num_micro_batch"]), ranks, len(pending))
+    plan = _settings.get("plan", PlanSettings())
+    facts = (cap, repr(cost_model), int(batch_info["num_micro_batch"]), ranks, len(pending),
+             (workload_digest(plan.workload_fn), plan.micro_batch_order))
     if group is None:
         everyone = [(facts, error, new)]
     else:
@@ -129,7 +133,8 @@ def _fill_buffer(strategy: str, buffer: Any, batch_info: dict, next_samples: Cal
         everyone = gather_objects((facts, error, new), group)
     from ..collectives import first_disagreement
 
-    names = ("max_token_len", "cost model", "num_micro_batch", "data-parallel ranks", "samples pending")
+    names = ("max_token_len", "cost model", "num_micro_batch", "data-parallel ranks", "samples pending",
+             "(workload_fn digest on probe lengths, micro_batch_order)")
     differ = first_disagreement([other for other, _, _ in everyone], names)
     if differ is not None:
         name, mine, other_rank, theirs = differ
@@ -171,7 +176,8 @@ def _generate_batch(strategy: str, buffer: Any, batch_info: dict) -> Optional[li
     if not samples:
         return None
     planner = StepPlanner(cap, ranks, micro_batches_per_step=int(batch_info["num_micro_batch"]),
-                          cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+                          cost_model=cost_model, max_samples_per_micro_batch=sample_cap,
+                          **_settings.get("plan", PlanSettings()).keywords())
     planner.oldest_patience = 0  # a new planner every step: the buffer's oldest sample always goes
     planner.add(range(len(samples)), [_length(s) for s in samples])  # oldest first: buffer order
     step = planner.next_step()
@@ -214,7 +220,8 @@ def _install_new_trainer() -> list[tuple[str, str]]:
 
 def install(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
-    max_samples_per_micro_batch: Optional[int] = None,
+    max_samples_per_micro_batch: Optional[int] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: str = "pipeline",
 ) -> list[tuple[str, str]]:
     """Give both LLaMA-Factory trainers seqbal's cap: the new trainer's ``dynamic_batching`` and
     ``dynamic_padding_free`` steps come from :class:`seqbal.StepPlanner`, and the classic
@@ -233,6 +240,13 @@ def install(
             of 8), token cost for ``dynamic_padding_free``.
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
             default None.
+        workload_fn: what both trainers balance across ranks (lengths -> non-negative
+            workloads, see :func:`seqbal.plan_micro_batches`); default None:
+            :func:`seqbal.calculate_workload`. Every rank must install the same model (the
+            ranks compare it with their other settings).
+        micro_batch_order: the order of the new trainer's micro-batches in a step:
+            ``"pipeline"`` (default) or ``"largest_first"``. (The classic trainer's sampler
+            keeps its random slot order, a fresh mix every epoch.)
 
     Returns:
         the ``(owner, method)`` pairs that now point to seqbal: ``BatchingPlugin(strategy)``
@@ -247,15 +261,17 @@ def install(
 
     cap, cost_model, sample_cap = checked_settings(max_token_len, cost_model, max_samples_per_micro_batch,
                                                    cap_optional=True)
+    plan = PlanSettings.checked(workload_fn, micro_batch_order)
     was_classic = classic.is_installed()
-    changed = classic.install(cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+    changed = classic.install(cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap,
+                              workload_fn=workload_fn)
     try:
         changed += _install_new_trainer()
     except ImportError:
         if not was_classic:
             classic.uninstall()
         raise
-    _settings.update(max_token_len=cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap)
+    _settings.update(max_token_len=cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap, plan=plan)
     return changed
 
 
@@ -282,11 +298,13 @@ def is_installed() -> bool:
 
 def installed(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
-    max_samples_per_micro_batch: Optional[int] = None,
+    max_samples_per_micro_batch: Optional[int] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: str = "pipeline",
 ) -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed (the arguments of
     :func:`install`), then uninstalls it (if it was not installed before the block)."""
     return installed_while(
-        lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch),
+        lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch,
+                        workload_fn=workload_fn, micro_batch_order=micro_batch_order),
         uninstall, is_installed,
     )

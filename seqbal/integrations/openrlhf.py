@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any, ContextManager, Sequence
+from typing import Any, ContextManager, Optional, Sequence
 
 from ._patching import Patch, installed_while, undo_all
+from ._settings import PlanSettings
 
 __all__ = [
     "install",
@@ -62,12 +63,17 @@ _TARGETS = (
 _patches: list[Patch] = []
 # The functions install() binds, made once per process (see seqbal.integrations._patching).
 _wrappers: dict[str, Any] = {}
+# What install() was given: forwarded to every plan the installed methods make.
+_settings: list[PlanSettings] = [PlanSettings()]
 
 
 def _wrapper(name: str) -> Any:
     if name not in _wrappers:
         target = {"setup_dynamic_batch": setup_dynamic_batch, "split_rollout_samples": split_rollout_samples}[name]
-        _wrappers[name] = functools.wraps(target)(lambda *args, _target=target, **kwargs: _target(*args, **kwargs))
+        order = name == "setup_dynamic_batch"  # the rollout split keeps its own order (actor chunks)
+        _wrappers[name] = functools.wraps(target)(
+            lambda *args, _target=target, _order=order, **kwargs: _target(*args, **_settings[0].merged(kwargs, _order))
+        )
     return _wrappers[name]
 
 
@@ -81,7 +87,7 @@ def _import(module_name: str) -> Any:
         ) from error
 
 
-def install() -> list[tuple[str, str]]:
+def install(*, workload_fn: Optional[Any] = None, micro_batch_order: str = "pipeline") -> list[tuple[str, str]]:
     """Make the running OpenRLHF plan its micro-batches with seqbal. Idempotent.
 
     Replaces ``NaiveReplayBuffer.setup_dynamic_batch`` with :func:`setup_dynamic_batch` and
@@ -89,18 +95,29 @@ def install() -> list[tuple[str, str]]:
     in every process that plans: the driver (the rollout split) and each Ray actor (the training
     step); see docs/openrlhf.md for the Ray hook that does the latter.
 
+    Args:
+        workload_fn: what both plans balance (lengths -> non-negative workloads, see
+            :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must install the same model. A later ``install`` replaces it.
+        micro_batch_order: the order of each training step's micro-batches: ``"pipeline"``
+            (default) or ``"largest_first"``. The rollout split keeps its own order (the
+            actors' contiguous chunks).
+
     Returns:
         the ``(class, method)`` pairs that now point to seqbal.
 
     Raises:
         ImportError: OpenRLHF is not installed (or one of its modules fails to import).
+        ValueError: ``workload_fn`` is not a workload model, or ``micro_batch_order`` is unknown.
 
     Examples:
         >>> from seqbal.integrations import openrlhf as seqbal_openrlhf
         >>> seqbal_openrlhf.install()  # doctest: +SKIP
         [('NaiveReplayBuffer', 'setup_dynamic_batch'), ('RemoteExperienceMaker', 'split_rollout_samples')]
     """
+    settings = PlanSettings.checked(workload_fn, micro_batch_order)
     classes = [(getattr(_import(module), cls), method) for module, cls, method in _TARGETS]
+    _settings[0] = settings
     if not _patches:
         for cls, method in classes:
             if vars(cls)[method] is not _wrapper(method):
@@ -120,6 +137,7 @@ def uninstall() -> list[tuple[str, str]]:
     """
     changed = undo_all(_patches)
     _patches.clear()
+    _settings[0] = PlanSettings()
     return changed
 
 
@@ -128,10 +146,11 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-def installed() -> ContextManager[list[tuple[str, str]]]:
-    """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
-    it was not installed before the block)."""
-    return installed_while(install, uninstall, is_installed)
+def installed(*, workload_fn: Optional[Any] = None, micro_batch_order: str = "pipeline") -> ContextManager[list[tuple[str, str]]]:
+    """``with installed(): ...`` runs the block with seqbal installed (with :func:`install`'s
+    arguments), then uninstalls it (if it was not installed before the block)."""
+    return installed_while(lambda: install(workload_fn=workload_fn, micro_batch_order=micro_batch_order),
+                           uninstall, is_installed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +165,8 @@ def training_cap(args: Any) -> int:
     return int(args.train.max_tokens_per_gpu) * int(args.ds.ring_attn_size) * int(args.ds.tensor_parallel_size)
 
 
-def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
+def setup_dynamic_batch(buffer: Any, strategy: Any, *, workload_fn: Optional[Any] = None,
+                        micro_batch_order: str = "pipeline") -> None:
     """``NaiveReplayBuffer.setup_dynamic_batch`` with seqbal's plan: the buffer's samples split
     into training steps of ``train.batch_size / dp`` samples, each step into micro-batches under
     :func:`training_cap`, the count of each step equal on every rank of the data-parallel group.
@@ -156,7 +176,8 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
     ``sample_batch_size = 1``, and per micro-batch ``dynamic_sample_loss_scale`` (its share of
     the step's samples), ``dynamic_batch_num_tokens`` (the step's action tokens over the group),
     ``dynamic_global_batch_size`` (the step's samples with an action token, over the group) and
-    ``dynamic_optimizer_step`` (1 on the step's last micro-batch).
+    ``dynamic_optimizer_step`` (1 on the step's last micro-batch). ``workload_fn`` and
+    ``micro_batch_order`` are :func:`seqbal.plan_micro_batches`'s (installed: :func:`install`'s).
 
     Checked before any collective: every sample's ``total_length`` (one non-negative integer)
     and ``action_mask`` (a tensor whose sum is the action tokens); OpenRLHF's bookkeeping reads
@@ -226,7 +247,8 @@ def setup_dynamic_batch(buffer: Any, strategy: Any) -> None:
         start = step * local_train_batch_size
         lengths = sample_lengths[start : start + local_train_batch_size]
         try:
-            parts = plan_micro_batches(lengths, cap, dp_group=dp_group)
+            parts = plan_micro_batches(lengths, cap, dp_group=dp_group, workload_fn=workload_fn,
+                                       micro_batch_order=micro_batch_order)
         except MicroBatchPlanError as error:
             raise MicroBatchPlanError(
                 f"OpenRLHF training step {step} (buffer samples {start}..{start + len(lengths) - 1}, cap "
@@ -300,13 +322,14 @@ def _read_samples(items: Sequence[Any]) -> tuple[list[int], list[int], Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def assign_to_actors(parts: Sequence[Sequence[int]], lengths: Sequence[int], actors: int) -> list[list[int]]:
+def assign_to_actors(parts: Sequence[Sequence[int]], lengths: Sequence[int], actors: int, *,
+                     workload_fn: Optional[Any] = None) -> list[list[int]]:
     """Order micro-batches so that OpenRLHF's round of ``actors`` equal contiguous chunks
     (``RayActorGroup.async_run_method_batch``) gives every actor about the same work.
 
     ``len(parts)`` must be a multiple of ``actors``; each actor gets ``len(parts) / actors``
-    micro-batches: heaviest first (by :func:`seqbal.calculate_workload`), each to the actor with
-    the least work that still has room. O(k log k + k x actors) for k micro-batches.
+    micro-batches: heaviest first (by ``workload_fn``, default :func:`seqbal.calculate_workload`),
+    each to the actor with the least work that still has room. O(k log k + k x actors) for k micro-batches.
 
     Returns:
         the micro-batches, actor 0's first, then actor 1's, ...
@@ -315,10 +338,13 @@ def assign_to_actors(parts: Sequence[Sequence[int]], lengths: Sequence[int], act
         >>> assign_to_actors([[0], [1], [2], [3]], [9, 1, 8, 2], actors=2)
         [[0], [1], [2], [3]]
     """
-    from ..workload import calculate_workload
+    import numpy as np
+
+    from ..workload import checked_workloads
 
     per_actor = len(parts) // actors
-    work = [float(sum(calculate_workload([lengths[i] for i in part]))) for part in parts]
+    work = [float(checked_workloads(np.asarray([lengths[i] for i in part], dtype=np.int64), workload_fn).sum())
+            for part in parts]
     loads = [0.0] * actors
     shares: list[list[list[int]]] = [[] for _ in range(actors)]
     for j in sorted(range(len(parts)), key=lambda j: (-work[j], j)):
@@ -342,9 +368,11 @@ def effective_actor_count(args: Any) -> int:
     )
 
 
-def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int) -> list[list[int]]:
+def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int, *,
+                       workload_fn: Optional[Any] = None) -> list[list[int]]:
     """The rollout split's plan: micro-batches under ``cap``, their count the smallest multiple of
-    ``actors`` seqbal can fill, ordered for OpenRLHF's contiguous chunks (:func:`assign_to_actors`).
+    ``actors`` seqbal can fill, ordered for OpenRLHF's contiguous chunks (:func:`assign_to_actors`),
+    balanced on ``workload_fn`` (default :func:`seqbal.calculate_workload`).
 
     Raises:
         ValueError: (:class:`seqbal.MicroBatchPlanError`) ``lengths`` not a 1-D sequence of
@@ -369,7 +397,8 @@ def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int) -> list[li
     except ValueError as error:  # the numbers below cannot be formatted from what was passed
         raise MicroBatchPlanError(f"OpenRLHF's rollout split: {error}", MicroBatchPlanError.BAD_ARGUMENT) from error
     try:
-        parts = plan_micro_batches(lengths, cap, num_batches_divided_by=actors, use_dynamic_bsz_balance=False)
+        parts = plan_micro_batches(lengths, cap, num_batches_divided_by=actors, use_dynamic_bsz_balance=False,
+                                   workload_fn=workload_fn)
     except MicroBatchPlanError as error:
         longest = int(lengths.max()) if len(lengths) else 0
         raise MicroBatchPlanError(
@@ -377,16 +406,17 @@ def plan_rollout_split(lengths: Sequence[int], cap: int, actors: int) -> list[li
             f"{cap!r} on {actors} effective actors (the count must be a multiple of {actors}): {error}",
             error.code,
         ) from error
-    return assign_to_actors(parts, lengths, actors)
+    return assign_to_actors(parts, lengths, actors, workload_fn=workload_fn)
 
 
-def split_rollout_samples(maker: Any, rollout_samples: list[Any]) -> list[Any]:
+def split_rollout_samples(maker: Any, rollout_samples: list[Any], *, workload_fn: Optional[Any] = None) -> list[Any]:
     """``RemoteExperienceMaker.split_rollout_samples`` with seqbal's plan for dynamic batches:
     every micro-batch within :func:`rollout_cap`, the count a multiple of the effective actor
     count rounded *up* (OpenRLHF's own rounds down, over the cap), the chunks each actor gets
     balanced (:func:`assign_to_actors`). Without ``train.dynamic_batch_enable`` OpenRLHF's own
     method runs. Each micro-batch is ``Experience.concat_experiences`` of its samples, with
-    ``sample.index = [i]`` set first, as OpenRLHF does.
+    ``sample.index = [i]`` set first, as OpenRLHF does. ``workload_fn``: what the split balances
+    (installed: :func:`install`'s).
 
     Raises:
         ValueError: (:class:`seqbal.MicroBatchPlanError`) a sample over the cap, or too few
@@ -402,6 +432,6 @@ def split_rollout_samples(maker: Any, rollout_samples: list[Any]) -> list[Any]:
     for i, sample in enumerate(rollout_samples):
         sample.index = [i]
     lengths = [int(sample.total_length.item()) for sample in rollout_samples]
-    parts = plan_rollout_split(lengths, rollout_cap(args), effective_actor_count(args))
+    parts = plan_rollout_split(lengths, rollout_cap(args), effective_actor_count(args), workload_fn=workload_fn)
     pad_token_id = maker.tokenizer.pad_token_id
     return [experience.concat_experiences([rollout_samples[i] for i in part], pad_token_id) for part in parts]

@@ -38,6 +38,7 @@ import math
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
 from ._patching import installed_while
+from ._settings import PlanSettings
 
 import numpy as np
 
@@ -50,7 +51,7 @@ BATCHER_MODULE = "torchtitan.experiments.rl.components.batcher"
 _REPLACED = ("_assign_training_samples_to_rows", "_build_microbatch_grid")
 
 _originals: dict[str, Any] = {}  # torchtitan's own functions from the class __dict__, while installed
-_state: dict[str, Any] = {}  # "class": the patched class, "workload_fn": the workload model
+_state: dict[str, Any] = {}  # "class": the patched class, "settings": install()'s PlanSettings
 
 
 def plan_rows(
@@ -60,6 +61,7 @@ def plan_rows(
     dp_degree: int,
     *,
     workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: str = "pipeline",
 ) -> list[list[list[list[int]]]]:
     """The batcher's grid, planned: ``grid[m][r][b]`` lists the samples of row ``b`` of rank ``r``
     in micro-batch ``m``, shape ``[num_microbatches][dp_degree][local_batch_size]``.
@@ -78,6 +80,8 @@ def plan_rows(
         local_batch_size: rows per rank per micro-batch.
         dp_degree: data-parallel ranks.
         workload_fn: lengths -> workloads (default :func:`seqbal.calculate_workload`).
+        micro_batch_order: the order of the micro-batches ``m``, the same in every cell:
+            ``"pipeline"`` (default) or ``"largest_first"`` (see :func:`seqbal.build_dp_schedule`).
 
     Returns:
         The grid of sample indices (ascending within a row).
@@ -112,7 +116,7 @@ def plan_rows(
     # ceil(n / positions), so it always has enough groups to fill its rows.
     fillers = -(-n // positions) * positions - n
     padded = np.concatenate([array, np.zeros(fillers, dtype=np.int64)])
-    schedule = build_dp_schedule(padded, positions, seq_len, workload_fn=workload_fn)
+    schedule = build_dp_schedule(padded, positions, seq_len, workload_fn=workload_fn, micro_batch_order=micro_batch_order)
     grid = []
     for slot in range(schedule.num_micro_batches):
         rows = [[i for i in schedule.micro_batches[p][slot] if i < n] for p in range(positions)]
@@ -123,7 +127,8 @@ def plan_rows(
 def _assign_training_samples_to_rows(self: Any, training_samples: list) -> list[list]:
     """seqbal's row assignment for torchtitan's ``Batcher``: rows in grid order, pad rows empty."""
     lengths = [self.num_tokens_to_pack(sample) for sample in training_samples]
-    grid = plan_rows(lengths, self.seq_len, self.local_batch_size, self._dp_degree, workload_fn=_state.get("workload_fn"))
+    settings = _state.get("settings", PlanSettings())
+    grid = plan_rows(lengths, self.seq_len, self.local_batch_size, self._dp_degree, **settings.keywords())
     return [[training_samples[i] for i in row] for cells in grid for cell in cells for row in cell]
 
 
@@ -162,7 +167,8 @@ def _import_batcher_class() -> type:
     return module.Batcher
 
 
-def install(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None) -> list[str]:
+def install(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None,
+            micro_batch_order: str = "pipeline") -> list[str]:
     """Make torchtitan's RL ``Batcher`` assign rows and the grid with seqbal. Idempotent.
 
     Args:
@@ -171,19 +177,23 @@ def install(batcher_class: Optional[type] = None, *, workload_fn: Optional[Calla
             ``__init__`` unless it is already loaded).
         workload_fn: lengths -> workloads the grid cells are balanced on (default
             :func:`seqbal.calculate_workload`, ``24576 * L + L**2``).
+        micro_batch_order: the order of the grid's micro-batches: ``"pipeline"`` (default) or
+            ``"largest_first"`` (:func:`plan_rows`).
 
     Returns:
         The names of the methods that now point to seqbal.
 
     Raises:
         ImportError: torchtitan (or its batcher module) cannot be imported.
-        ValueError: seqbal is already installed on a different class.
+        ValueError: seqbal is already installed on a different class; ``workload_fn`` is not a
+            workload model or ``micro_batch_order`` is unknown.
 
     Examples:
         >>> from seqbal.integrations import torchtitan as seqbal_torchtitan
         >>> seqbal_torchtitan.install()  # doctest: +SKIP
         ['_assign_training_samples_to_rows', '_build_microbatch_grid']
     """
+    settings = PlanSettings.checked(workload_fn, micro_batch_order)
     cls = batcher_class if batcher_class is not None else _import_batcher_class()
     patched = _state.get("class")
     if patched is not None and patched is not cls:
@@ -194,7 +204,7 @@ def install(batcher_class: Optional[type] = None, *, workload_fn: Optional[Calla
                 raise ValueError(f"{cls!r} has no method {name}: not torchtitan 0.3.0's Batcher")
             _originals[name] = cls.__dict__[name]
         _state["class"] = cls
-    _state["workload_fn"] = workload_fn
+    _state["settings"] = settings
     for name in _REPLACED:
         setattr(cls, name, _REPLACEMENTS[name])
     return list(_REPLACED)
@@ -208,7 +218,7 @@ def uninstall() -> list[str]:
         The names of the methods restored.
     """
     cls = _state.pop("class", None)
-    _state.pop("workload_fn", None)
+    _state.pop("settings", None)
     if cls is None:
         return []
     restored = []
@@ -225,7 +235,9 @@ def is_installed() -> bool:
     return "class" in _state
 
 
-def installed(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None) -> ContextManager[list[str]]:
+def installed(batcher_class: Optional[type] = None, *, workload_fn: Optional[Callable[[Any], Any]] = None,
+              micro_batch_order: str = "pipeline") -> ContextManager[list[str]]:
     """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if it
     was not installed before the block)."""
-    return installed_while(lambda: install(batcher_class, workload_fn=workload_fn), uninstall, is_installed)
+    return installed_while(lambda: install(batcher_class, workload_fn=workload_fn, micro_batch_order=micro_batch_order),
+                           uninstall, is_installed)

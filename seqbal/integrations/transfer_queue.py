@@ -67,6 +67,10 @@ class StepSampler:
             per rank, balanced like ``SeqlenBalancedSampler``).
         cost_model: what the cap bounds (tokens by default, ``"padded"``, a ``CostModel``).
         max_samples_per_micro_batch: a cap on samples per micro-batch. Default None.
+        workload_fn: what the ranks' micro-batches balance (lengths -> non-negative workloads,
+            see :func:`seqbal.plan_micro_batches`). Default None: :func:`seqbal.calculate_workload`.
+        micro_batch_order: the order of every rank's micro-batches: ``"pipeline"`` (default) or
+            ``"largest_first"`` (:class:`seqbal.StepPlanner`).
 
     ``sample(ready_indexes, batch_size, task_name, partition_id, dp_rank=, batch_index=,
     partition=)`` returns ``(sampled, consumed)`` (identical): this rank's samples, its
@@ -75,7 +79,8 @@ class StepSampler:
     """
 
     def __init__(self, n_samples_per_prompt: int = 1, dp_size: int = 1, *, max_token_len: Optional[int] = None,
-                 cost_model: Any = None, max_samples_per_micro_batch: Optional[int] = None) -> None:
+                 cost_model: Any = None, max_samples_per_micro_batch: Optional[int] = None,
+                 workload_fn: Optional[Any] = None, micro_batch_order: str = "pipeline") -> None:
         n_samples_per_prompt = int_argument("n_samples_per_prompt", n_samples_per_prompt, expected="positive (an int >= 1)")
         dp_size = int_argument("dp_size", dp_size, expected="positive (an int >= 1)")
         self.n_samples_per_prompt = n_samples_per_prompt
@@ -83,6 +88,8 @@ class StepSampler:
         self.max_token_len = max_token_len
         self.cost_model = cost_model
         self.max_samples_per_micro_batch = max_samples_per_micro_batch
+        self.workload_fn = workload_fn
+        self.micro_batch_order = micro_batch_order
         self._states: dict[Any, Any] = {}
         #: (partition_id, task_name, batch_index) -> [rank][micro_batch] -> indexes
         self._plans: dict[tuple, list[list[list[int]]]] = {}
@@ -193,6 +200,7 @@ class StepSampler:
         fresh = StepPlanner(
             UNCAPPED if self.max_token_len is None else self.max_token_len, self.dp_size, samples_per_step=samples,
             cost_model=self.cost_model, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+            workload_fn=self.workload_fn, micro_batch_order=self.micro_batch_order,
         )
         if planner is not None:
             fresh.load_state_dict(planner.state_dict())

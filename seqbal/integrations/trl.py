@@ -52,6 +52,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 from ._packed_attention import unwatch_all, watch_first_training_batch
 from ._patching import Patch, apply_all, installed_while, undo_all
+from ._settings import PlanSettings
 from ..epochs.sampler import TokenBudgetBatchSampler, pack_rows
 
 __all__ = [
@@ -188,20 +189,22 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         _sampler_class(module.BatchRebalanceSampler), self,
         dataset_lengths(dataset, getattr(args, "length_column_name", "length")), cap,
         cost_model=cost_model, max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
-        advice=lambda: _trl_length_advice(args, cap),
+        advice=lambda: _trl_length_advice(args, cap), workload_fn=_settings.get("workload_fn"),
     )
 
 
 def sampler_for_trainer(
     sampler_class: type, trainer: Any, lengths: Any, max_token_len: int, *, cost_model: Any = None,
     max_samples_per_micro_batch: Optional[int] = None, shuffle: bool = True,
-    advice: Optional[Callable[[], str]] = None,
+    advice: Optional[Callable[[], str]] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
 ) -> Any:
     """A :class:`TokenBudgetBatchSampler` (of ``sampler_class``, a subclass that follows the
     trainer's epoch) for a transformers ``trainer``: its ranks, rank, seed (``data_seed`` first)
     and ``gradient_accumulation_steps`` from ``trainer.args``. A sample over the cap is the
     sampler's ``ValueError``, with ``advice()`` (what to change in the trainer's own settings, or
-    ``""``) appended where it says something. Builds on every rank (one all-reduce where the ranks share the plan)."""
+    ``""``) appended where it says something; ``workload_fn`` is what its slots balance
+    (default None: :func:`seqbal.calculate_workload`). Builds on every rank (one all-reduce
+    where the ranks share the plan)."""
     args = trainer.args
     world = max(1, args.world_size)
     try:
@@ -215,6 +218,7 @@ def sampler_for_trainer(
             cost_model=cost_model,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             max_samples_per_micro_batch=max_samples_per_micro_batch,
+            workload_fn=workload_fn,
         )
     except ValueError as error:
         extra = advice() if advice is not None and "exceeds max_token_len" in str(error) else ""
@@ -254,6 +258,7 @@ def checked_settings(
 
 def install(
     max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None,
 ) -> list[tuple[str, str]]:
     """Make every transformers ``Trainer`` (TRL's ``SFTTrainer`` included) build its training
     dataloader from :class:`TokenBudgetBatchSampler` under ``max_token_len``. Call it in every
@@ -271,6 +276,9 @@ def install(
             trainer's collator is padding-free (``padding_free=True``), padded cost otherwise.
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch;
             default None (as many as fit the tokens).
+        workload_fn: what the slots balance across ranks (lengths -> non-negative workloads,
+            see :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must install the same model (the sampler compares it).
 
     Returns:
         the ``(owner, attribute)`` pairs that now point to seqbal.
@@ -278,11 +286,12 @@ def install(
     Raises:
         ImportError: transformers missing, or older than 5.24.0 (no ``BatchRebalanceSampler``).
         ValueError: ``max_token_len`` not a positive integer, ``max_samples_per_micro_batch``
-            neither None nor a positive integer, ``cost_model`` not a cost model; each message
-            names the argument.
+            neither None nor a positive integer, ``cost_model`` not a cost model, ``workload_fn``
+            not a workload model; each message names the argument.
     """
     max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
         max_token_len, cost_model, max_samples_per_micro_batch)
+    PlanSettings.checked(workload_fn, "pipeline")
     try:
         module = importlib.import_module(TRAINER_MODULE)
         importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
@@ -292,7 +301,7 @@ def install(
             f"{type(error).__name__}: {error}"
         ) from error
     _settings.update(max_token_len=max_token_len, cost_model=cost_model,
-                     max_samples_per_micro_batch=max_samples_per_micro_batch)
+                     max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn)
     trainer = module.Trainer
     if not _patches and vars(trainer)[_NAME] is not _get_train_sampler:
         _patches.append(Patch(trainer, _NAME, _get_train_sampler))
@@ -320,10 +329,12 @@ def is_installed() -> bool:
 
 def installed(
     max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None,
 ) -> ContextManager[list[tuple[str, str]]]:
     """``with installed(cap): ...`` runs the block with seqbal installed (the arguments of
     :func:`install`), then uninstalls it (if it was not installed before the block)."""
     return installed_while(
-        lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch),
+        lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch,
+                        workload_fn=workload_fn),
         uninstall, is_installed,
     )

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any, ContextManager, Optional
 
 from ._patching import Patch, installed_while, undo_all
+from ._settings import PlanSettings
 
 import numpy as np
 
@@ -55,6 +56,8 @@ _patches: list[Patch] = []
 # their own, they tell uninstall() exactly what install() put in place, so a module that
 # imported seqbal's functions itself (``from seqbal import rearrange_micro_batches``) keeps them.
 _wrappers: dict[str, Any] = {}
+# What install() was given: forwarded to every plan the installed functions make.
+_settings: list[PlanSettings] = [PlanSettings()]
 
 
 def _replacements() -> dict[str, Any]:
@@ -68,9 +71,14 @@ def _replacements() -> dict[str, Any]:
             "prepare_dynamic_batch": prepare_dynamic_batch,
         }
         for name, target in targets.items():
-            _wrappers[name] = functools.wraps(target)(
-                lambda *args, _target=target, **kwargs: _target(*args, **kwargs)
-            )
+            if name in ("rearrange_micro_batches", "prepare_dynamic_batch"):  # they plan: install()'s settings
+                _wrappers[name] = functools.wraps(target)(
+                    lambda *args, _target=target, **kwargs: _target(*args, **_settings[0].merged(kwargs))
+                )
+            else:
+                _wrappers[name] = functools.wraps(target)(
+                    lambda *args, _target=target, **kwargs: _target(*args, **kwargs)
+                )
     return _wrappers
 
 
@@ -84,7 +92,7 @@ def _import_verl_module():
         ) from error
 
 
-def install() -> list[tuple[str, str]]:
+def install(*, workload_fn: Optional[Any] = None, micro_batch_order: str = "pipeline") -> list[tuple[str, str]]:
     """Make the running verl use seqbal wherever it micro-batches. Idempotent.
 
     Imports ``verl.utils.seqlen_balancing`` and replaces its ``rearrange_micro_batches``,
@@ -93,18 +101,30 @@ def install() -> list[tuple[str, str]]:
     ``verl.workers.engine.utils``). Call it once per process before training; for verl's Ray
     workers, see ``seqbal.integrations.verl_autoinstall``. O(loaded modules x their attributes).
 
+    Args:
+        workload_fn: what every micro-batch plan balances (lengths -> non-negative workloads,
+            see :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
+            Every rank must install the same model (the plans compare it). A later
+            ``install`` replaces it.
+        micro_batch_order: ``"pipeline"`` (default, verl's ``use_dynamic_bsz_balance`` order)
+            or ``"largest_first"``; verl's ``use_dynamic_bsz_balance=False`` still keeps the
+            partitioner's order.
+
     Returns:
         the ``(module, attribute)`` pairs that now point to seqbal.
 
     Raises:
         ImportError: verl is not installed (or fails to import).
+        ValueError: ``workload_fn`` is not a workload model, or ``micro_batch_order`` is unknown.
 
     Examples:
         >>> from seqbal.integrations import verl as seqbal_verl
         >>> seqbal_verl.install()  # doctest: +SKIP
         [('verl.utils.seqlen_balancing', 'rearrange_micro_batches'), ...]
     """
+    settings = PlanSettings.checked(workload_fn, micro_batch_order)
     module = _import_verl_module()
+    _settings[0] = settings
     replacements = _replacements()
     if not _patches:
         for name in _REPLACED_NAMES:
@@ -127,6 +147,7 @@ def uninstall() -> list[tuple[str, str]]:
     """
     changed = undo_all(_patches)
     _patches.clear()
+    _settings[0] = PlanSettings()
     return sorted(set(changed))
 
 
@@ -135,10 +156,11 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-def installed() -> ContextManager[list[tuple[str, str]]]:
-    """``with installed(): ...`` runs the block with seqbal installed, then uninstalls it (if
-    it was not installed before the block)."""
-    return installed_while(install, uninstall, is_installed)
+def installed(*, workload_fn: Optional[Any] = None, micro_batch_order: str = "pipeline") -> ContextManager[list[tuple[str, str]]]:
+    """``with installed(): ...`` runs the block with seqbal installed (with :func:`install`'s
+    arguments), then uninstalls it (if it was not installed before the block)."""
+    return installed_while(lambda: install(workload_fn=workload_fn, micro_batch_order=micro_batch_order),
+                           uninstall, is_installed)
 
 
 def prepare_dynamic_batch(
@@ -152,12 +174,14 @@ def prepare_dynamic_batch(
     force_group_size: int = 1,
     *,
     dummy_micro_batches: bool = False,
+    workload_fn: Optional[Any] = None,
+    micro_batch_order: str = "pipeline",
 ) -> tuple[list[Any], list[list[int]]]:
     """verl's ``prepare_dynamic_batch`` on a ``DataProto``, with seqbal's guarantees.
 
     Splits ``data.batch`` with :func:`seqbal.rearrange_micro_batches` (hard cap, few balanced
     micro-batches, data-parallel agreement in two all-reduces; see it for every argument and
-    error) and returns, for each micro-batch, a ``DataProto`` of the same class holding its rows
+    error, ``workload_fn`` and ``micro_batch_order`` included) and returns, for each micro-batch, a ``DataProto`` of the same class holding its rows
     of ``data.batch`` and of every ``data.non_tensor_batch`` array, and a deep copy of
     ``data.meta_info`` (as verl does). O(data copied) plus the plan.
 
@@ -191,6 +215,8 @@ def prepare_dynamic_batch(
         use_dynamic_bsz_balance=use_dynamic_bsz_balance,
         force_group_size=force_group_size,
         dummy_micro_batches=dummy_micro_batches,
+        workload_fn=workload_fn,
+        micro_batch_order=micro_batch_order,
     )
     problem = _data_problem(data)
     if problem is not None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from ..cost import CostModel
+from ..order import MICRO_BATCH_ORDERS
 from ..partition import roundup_divisible
 from .arguments import _as_flag
 from .errors import LengthsLike, MicroBatchPlanError, _MUST_MATCH, _REASONS
@@ -66,11 +67,18 @@ def _mismatch_error(ranges: Sequence[Optional[tuple[int, int]]]) -> Optional[Mic
     def shown(name: str, value: int) -> str:  # memory coefficients travel as float64 bit patterns
         if name.startswith("cost_model.memory.per_"):
             return f"{float(np.int64(value).view(np.float64)):.6g}"
+        if name == "micro_batch_order":
+            return repr(MICRO_BATCH_ORDERS[value]) if 0 <= value < len(MICRO_BATCH_ORDERS) else str(value)
         return str(value)
+
+    notes = {
+        "num_batches_divided_by": " (None counts as 1)",
+        "workload_fn": " (digests of its workloads on fixed probe lengths: the ranks balance on different models)",
+    }
 
     differing = [
         f"{name} from {shown(name, low)} to {shown(name, high)}"
-        + (" (None counts as 1)" if name == "num_batches_divided_by" else "")
+        + notes.get(name, "")
         for name, bounds in zip(_MUST_MATCH, ranges)
         if bounds is not None
         for low, high in [bounds]
@@ -122,6 +130,8 @@ def _plan(
     cost_model: Union[None, str, CostModel] = None,
     dummy_micro_batches: bool = False,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Any = None,
+    micro_batch_order: Any = "pipeline",
 ) -> list[list[int]]:
     _check_dp_group(dp_group)
     flag_problem = None
@@ -137,6 +147,7 @@ def _plan(
         max_token_len=max_token_len, num_batches_divided_by=num_batches_divided_by,
         min_num_micro_batch=min_num_micro_batch, force_group_size=force_group_size, cost_model=cost_model,
         dummy_micro_batches=dummy_micro_batches, max_samples_per_micro_batch=max_samples_per_micro_batch,
+        workload_fn=workload_fn, micro_batch_order=micro_batch_order,
     )
     stage = _local_stage(get_lengths, raw_arguments, capture_unexpected=sync, synced=sync)
     if flag_problem is not None:

@@ -8,13 +8,15 @@ found a problem joins the agreement with its error code instead of raising at on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
+from ..order import check_micro_batch_order, order_code
 from ..validation import INT64_MAX, LengthsError, int_argument, int_array
+from ..workload import WorkloadFn, workload_digest
 from .errors import LengthsLike, MicroBatchPlanError
 
 
@@ -29,6 +31,24 @@ class _Arguments:
     cost_model: CostModel = CostModel()
     dummy_micro_batches: bool = False
     max_samples_per_micro_batch: Optional[int] = None
+    workload_fn: Optional[WorkloadFn] = field(default=None, compare=False)
+    # :func:`seqbal.workload.workload_digest` of ``workload_fn``: what the ranks compare, so
+    # computed only where they do (:meth:`with_digest`, sync mode); 0 elsewhere
+    workload_digest: int = 0
+    micro_batch_order: str = "pipeline"
+
+    def with_digest(self) -> "_Arguments":
+        """These arguments with ``workload_digest`` computed (sync mode: the ranks compare it).
+
+        Raises:
+            MicroBatchPlanError: the model fails on :data:`seqbal.workload.WORKLOAD_PROBE`.
+        """
+        try:
+            return replace(self, workload_digest=workload_digest(self.workload_fn))
+        except ValueError as error:
+            raise MicroBatchPlanError(
+                f"workload_fn on the probe lengths: {error}", MicroBatchPlanError.BAD_ARGUMENT
+            ) from None
 
     def must_match(self) -> tuple[int, ...]:
         """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same; a missing
@@ -44,6 +64,8 @@ class _Arguments:
             int(self.dummy_micro_batches),
             self.max_samples_per_micro_batch or 0,
             *(cost.memory.match_values() if cost.memory is not None else (0, 0, 0, 0)),
+            self.workload_digest,
+            order_code(self.micro_batch_order),
         )
 
 
@@ -55,8 +77,14 @@ def _validate_arguments(
     cost_model: Any = None,
     dummy_micro_batches: Any = False,
     max_samples_per_micro_batch: Any = None,
+    workload_fn: Any = None,
+    micro_batch_order: Any = "pipeline",
 ) -> _Arguments:
     """Check the integer arguments and return them as Python ints, and the cost model.
+
+    ``workload_fn`` must be None or a callable (its workloads are checked where they are computed,
+    and on the probe lengths in sync mode: :meth:`_Arguments.with_digest`); ``micro_batch_order``
+    must name an order of :mod:`seqbal.order`.
 
     Any integral type is accepted (``np.uint32(2)``, ``np.int16(4096)``) and converted, so that
     no later arithmetic wraps or mixes unsigned and signed NumPy scalars; ``bool`` is rejected.
@@ -80,6 +108,12 @@ def _validate_arguments(
         cost = as_cost_model(cost_model)
     except ValueError as error:
         raise bad(str(error)) from None
+    if workload_fn is not None and not callable(workload_fn):
+        raise bad(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
+    try:
+        micro_batch_order = check_micro_batch_order(micro_batch_order)
+    except ValueError as error:
+        raise bad(str(error)) from None
     if not isinstance(dummy_micro_batches, (bool, np.bool_)):
         raise bad(f"dummy_micro_batches must be True or False, got {dummy_micro_batches!r}")
     for field_name in ("round_to", "pack_round_to"):  # they travel in the packed int64 all-reduce too
@@ -99,6 +133,8 @@ def _validate_arguments(
             None if max_samples_per_micro_batch is None
             else checked("max_samples_per_micro_batch", max_samples_per_micro_batch, "None or a positive int")
         ),
+        workload_fn=workload_fn,
+        micro_batch_order=micro_batch_order,
     )
 
 

@@ -12,6 +12,7 @@ from ..cost import CostModel
 from ..partition import roundup_divisible
 from .agreement import _cannot_satisfy_agreed, _plan
 from .arguments import _as_flag
+from ..workload import WorkloadFn
 from .errors import LengthsLike, MicroBatchPlanError
 from .local import _finish, _local_stage, _try_partition
 
@@ -29,6 +30,8 @@ def plan_micro_batches(
     *,
     dummy_micro_batches: bool = False,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[WorkloadFn] = None,
+    micro_batch_order: str = "pipeline",
 ) -> list[list[int]]:
     """Decide the micro-batches of a batch from its effective lengths alone.
 
@@ -46,8 +49,8 @@ def plan_micro_batches(
         same_micro_num_in_dp: with ``dp_group`` and an initialised process group, every rank of
             the group gets the same count. Default True.
         min_num_micro_batch: the count must be at least this (pipeline parallelism). Default None.
-        use_dynamic_bsz_balance: order micro-batches heaviest in the middle (see
-            :func:`order_for_pipeline`); False keeps the partitioner's order. Default True.
+        use_dynamic_bsz_balance: order the micro-batches as ``micro_batch_order`` says; False
+            keeps the partitioner's order, whatever ``micro_batch_order`` says. Default True.
         force_group_size: samples ``i*g .. i*g+g-1`` always share a micro-batch. Default 1.
         cost_model: what a micro-batch costs against ``max_token_len``: ``None`` or
             ``"tokens"`` (default: its effective tokens, for remove-padding forwards),
@@ -67,6 +70,17 @@ def plan_micro_batches(
             group of ``g`` samples counts ``g``, so a micro-batch holds at most
             ``max_samples_per_micro_batch // g`` groups. Must be the same on every rank of
             ``dp_group``. Default None (no cap; plans exactly as without it).
+        workload_fn: what the micro-batches balance: an int64 array of lengths -> one
+            non-negative workload per length (integers, or floats rounded once), e.g.
+            :func:`seqbal.make_workload_fn` or a fitted time model. Default None:
+            :func:`seqbal.calculate_workload`. The cap is unaffected. Must be the same model on
+            every rank of ``dp_group`` (compared by a digest of its workloads on fixed probe
+            lengths, in the agreement's first all-reduce).
+        micro_batch_order: with ``use_dynamic_bsz_balance``, ``"pipeline"`` (default: heaviest
+            in the middle, lightest at both ends, see :func:`order_for_pipeline`) or
+            ``"largest_first"`` (largest cost against the cap first, so the caching allocator
+            reserves its largest blocks once; :mod:`seqbal.order`). Must be the same on every
+            rank of ``dp_group``.
 
     Returns:
         One ascending list of sample indices per micro-batch; together they hold every index
@@ -92,7 +106,8 @@ def plan_micro_batches(
             max_samples_per_micro_batch=M``), or a count that cannot be formed
             (``Cannot satisfy max_token_len ...``). In sync mode every rank raises together; if
             the ranks passed different ``max_token_len``, ``num_batches_divided_by``,
-            ``force_group_size``, ``cost_model`` or ``max_samples_per_micro_batch``, every rank
+            ``force_group_size``, ``cost_model``, ``max_samples_per_micro_batch``,
+            ``workload_fn`` or ``micro_batch_order``, every rank
             raises the same error saying so. A ``dp_group``
             that is not None or a ProcessGroup is an error before any collective.
 
@@ -118,6 +133,8 @@ def plan_micro_batches(
         cost_model,
         dummy_micro_batches,
         max_samples_per_micro_batch,
+        workload_fn,
+        micro_batch_order,
     )
 
 
@@ -131,6 +148,8 @@ def plan_data_parallel(
     cost_model: Union[None, str, CostModel] = None,
     *,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[WorkloadFn] = None,
+    micro_batch_order: str = "pipeline",
 ) -> list[list[list[int]]]:
     """What synced data-parallel ranks would decide, computed in one process, no collective.
 
@@ -140,7 +159,8 @@ def plan_data_parallel(
     exactly what each rank would get: use it to check a length distribution, a cap and a
     data-parallel size before launching (the ``seqbal plan --dp N`` command does).
     ``max_samples_per_micro_batch`` caps the samples of every micro-batch of every rank, as in
-    :func:`plan_micro_batches` (default None: no cap).
+    :func:`plan_micro_batches` (default None: no cap); ``workload_fn`` and ``micro_batch_order``
+    are those of :func:`plan_micro_batches` (one model and one order for every rank).
 
     Returns:
         Per rank, the micro-batches as ascending index lists into that rank's lengths; every
@@ -162,7 +182,8 @@ def plan_data_parallel(
     raw_arguments = dict(
         max_token_len=max_token_len, num_batches_divided_by=num_batches_divided_by,
         min_num_micro_batch=min_num_micro_batch, force_group_size=force_group_size, cost_model=cost_model,
-        max_samples_per_micro_batch=max_samples_per_micro_batch,
+        max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn,
+        micro_batch_order=micro_batch_order,
     )
     stages = [
         _local_stage((lambda lengths=lengths: lengths), raw_arguments, capture_unexpected=False)

@@ -70,7 +70,9 @@ _REASONS = {
 #: Arguments that must be identical on every rank of ``dp_group``: a different cap or group size
 #: would silently plan each rank under its own rules, a different divisor gives different counts
 #: (a hang in the training step); a different sample cap (``None`` counts as 0) would plan
-#: each rank under its own rules too. ``min_num_micro_batch`` may differ: the agreed count is the
+#: each rank under its own rules too; a different ``workload_fn`` (compared by a digest of its
+#: workloads on fixed probe lengths) would balance each rank on its own model, and a different
+#: ``micro_batch_order`` would run slot ``i`` out of step. ``min_num_micro_batch`` may differ: the agreed count is the
 #: largest proposal, so it honours the largest minimum on every rank.
 _MUST_MATCH = (
     "max_token_len",
@@ -85,4 +87,6 @@ _MUST_MATCH = (
     "cost_model.memory.per_sequence",
     "cost_model.memory.per_token",
     "cost_model.memory.per_token_squared",
+    "workload_fn",
+    "micro_batch_order",
 )

@@ -29,7 +29,9 @@ from ..partition import (
 )
 from ..partition.search import _smallest_feasible
 from ..validation import check_int64_sums
-from ..workload import balance_workloads
+from ..order import ranked
+from ..partition.bins import _sums
+from ..workload import WorkloadFn, balance_workloads, checked_workloads
 from .arguments import _Arguments, _lengths_array, _validate_arguments
 from .errors import LengthsLike, MicroBatchPlanError
 from .pipeline import _pipeline_order, order_for_pipeline
@@ -61,6 +63,9 @@ class _LocalPlan:
     sample_workloads: Optional[np.ndarray] = None
     # Most groups a part may hold: max_samples_per_micro_batch // group_size; None: no cap.
     group_cap: Optional[int] = None
+    # lengths -> int64 workloads: the default model, or the caller's workload_fn checked
+    # (what the padded partitioner and the pipeline order weigh a longest sample with)
+    workload_model: Callable[[np.ndarray], np.ndarray] = balance_workloads
 
     @property
     def num_groups(self) -> int:
@@ -73,7 +78,8 @@ class _LocalPlan:
         if self.windows is not None:
             candidate = self._windowed_partition(count, self.parts)
         elif self.cost_model.padded:
-            candidate = padded_partitions(self.group_longest, self.group_size, self.capacity, count)
+            candidate = padded_partitions(self.group_longest, self.group_size, self.capacity, count,
+                                          workload_fn=self.workload_model)
         else:
             candidate = capped_balanced_partitions(
                 self.group_tokens, self.group_workloads, self.capacity, count, feasible=self.parts
@@ -97,6 +103,15 @@ class _LocalPlan:
             balance_work=_sample_cap.with_count_weight(self.group_workloads), candidate=candidate,
         )
 
+    def part_cost(self, part: Sequence[int]) -> int:
+        """What a non-empty part of groups costs against the cap (the cost model's measure). O(len(part))."""
+        if self.windows is not None:
+            starts, stops = self.windows
+            return _windows.window_cost(part, starts, stops, self.group_size, self.cost_model.round_to)
+        if self.cost_model.padded:
+            return len(part) * self.group_size * int(self.group_longest[part].max())
+        return int(self.group_tokens[part].sum())
+
     def fits(self, part: Sequence[int]) -> bool:
         """Whether a non-empty part of groups costs at most the cap under the cost model (and
         holds at most ``group_cap`` groups, where the sample cap is given)."""
@@ -117,7 +132,7 @@ class _LocalPlan:
         parts, ``known`` (a feasible partition with fewer) split up to ``count``."""
         starts, stops = self.windows
         g, round_to = self.group_size, self.cost_model.round_to
-        candidate = padded_partitions(self.group_longest, g, self.capacity, count)
+        candidate = padded_partitions(self.group_longest, g, self.capacity, count, workload_fn=self.workload_model)
         if candidate is not None:
             candidate = _windows.fit_to_cap(candidate, starts, stops, g, round_to, self.capacity)
         if (candidate is None or len(candidate) > count) and known is not None:
@@ -155,6 +170,7 @@ def _local_plan(
     windows: Optional[tuple[np.ndarray, np.ndarray]] = None,
     short_ok: bool = False,
     max_samples: Optional[int] = None,
+    workload_fn: Optional[WorkloadFn] = None,
 ) -> _LocalPlan:
     """This rank's smallest feasible count and a partition at it.
 
@@ -166,7 +182,11 @@ def _local_plan(
     With ``short_ok`` (synced dummy micro-batches) a count above the number of groups is not
     an error: the plan keeps it as this rank's proposal and one group per part as its
     partition; the agreement then fills the missing parts with dummies.
+
+    ``workload_fn`` (lengths -> workloads, checked by :func:`seqbal.workload.checked_workloads`)
+    is what the partitions balance; None: the default model.
     """
+    model = balance_workloads if workload_fn is None else _checked_model(workload_fn)
     n = len(lengths)
     if n % force_group_size:
         raise MicroBatchPlanError(
@@ -215,6 +235,10 @@ def _local_plan(
         windows = (starts.reshape(-1, g).min(axis=1), stops.reshape(-1, g).max(axis=1))
         group_longest = cost_model.rounded(np.maximum(windows[1] - windows[0], 0))
         group_costs = g * group_longest
+    if workload_fn is not None and cost_model.padded:
+        # The padded partitioner weighs groups' longest samples (window widths): check the model on
+        # all of them here, before any agreement, so that no later call on a subset can fail.
+        model(group_longest)
     over = np.flatnonzero(group_costs > max_token_len)
     if over.size:
         index = int(over[0])
@@ -235,10 +259,12 @@ def _local_plan(
     sample_capacity = max(sample_capacity, 1)
     if windows is not None:
         group_workloads = np.zeros(0, dtype=np.int64)
-        plan = _LocalPlan(group_tokens, group_workloads, group_longest, g, max_token_len, cost_model, 0, [], windows)
+        plan = _LocalPlan(group_tokens, group_workloads, group_longest, g, max_token_len, cost_model, 0, [], windows,
+                          workload_model=model)
         # The least count on the groups' own widths, then what cutting the over-cap parts needs.
         least = max(min_count, padded_min_count(group_longest, g, max_token_len))
-        parts = padded_partitions(group_longest, g, max_token_len, least) if least <= len(group_longest) else None
+        parts = (padded_partitions(group_longest, g, max_token_len, least, workload_fn=model)
+                 if least <= len(group_longest) else None)
         if parts is None:
             count = roundup_divisible(least, step)
         else:
@@ -248,12 +274,13 @@ def _local_plan(
     elif cost_model.padded:
         group_workloads = np.zeros(0, dtype=np.int64)  # the padded partitioner weighs runs itself
         count = roundup_divisible(max(min_count, padded_min_count(group_longest, g, max_token_len)), step)
-        parts = padded_partitions(group_longest, g, max_token_len, count) if count <= len(group_longest) else None
+        parts = (padded_partitions(group_longest, g, max_token_len, count, workload_fn=model)
+                 if count <= len(group_longest) else None)
         if group_cap is not None and parts is not None:
             count, parts = _padded_within_samples(parts, count, group_longest, g, max_token_len, group_cap, min_count, step)
     else:
         # exact where int64 fits; a memory cost still balances compute, on the (rounded) lengths
-        sample_workloads = balance_workloads(measured if cost_model.memory is None else cost_model.rounded(lengths))
+        sample_workloads = model(measured if cost_model.memory is None else cost_model.rounded(lengths))
         group_workloads = sample_workloads.reshape(-1, g).sum(axis=1)
         count, parts = _smallest_feasible(group_tokens, group_workloads, sample_capacity, min_count, step)
         # Under the sample cap the exact search's lower multiple would ignore it: not tried.
@@ -278,8 +305,21 @@ def _local_plan(
         )
     return _LocalPlan(
         group_tokens, group_workloads, group_longest, g, sample_capacity, cost_model, count, parts, windows,
-        sample_workloads, group_cap,
+        sample_workloads, group_cap, model,
     )
+
+
+def _checked_model(workload_fn: WorkloadFn) -> Callable[[np.ndarray], np.ndarray]:
+    """``workload_fn`` checked (:func:`seqbal.workload.checked_workloads`), its errors this rank's
+    :class:`MicroBatchPlanError` (an invalid argument, agreed like any other)."""
+
+    def model(values: np.ndarray) -> np.ndarray:
+        try:
+            return checked_workloads(values, workload_fn)
+        except ValueError as error:
+            raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_ARGUMENT) from None
+
+    return model
 
 
 #: Counts the sample repair tries after the token search's partition failed it, from that
@@ -427,7 +467,10 @@ def _local_stage(
     """
     arguments = None
     try:
-        arguments = _validate_arguments(**raw_arguments)
+        validated = _validate_arguments(**raw_arguments)
+        # the ranks compare the model's digest in the agreement; a model that fails on the probe
+        # leaves this rank without valid arguments, as any other invalid one does
+        arguments = validated.with_digest() if synced else validated
         measured = get_lengths()
         windows = None
         if isinstance(measured, _WindowedLengths):
@@ -452,6 +495,7 @@ def _local_stage(
             windows,
             short_ok=synced and arguments.dummy_micro_batches,
             max_samples=arguments.max_samples_per_micro_batch,
+            workload_fn=arguments.workload_fn,
         )
         return _LocalStage(plan, lengths, None, 0, arguments)
     except MicroBatchPlanError as error:
@@ -481,15 +525,33 @@ def _try_partition(local: _LocalPlan, count: int) -> tuple[Optional[list[list[in
 
 
 def _finish(stage: _LocalStage, group_parts: list[list[int]], use_dynamic_bsz_balance: bool) -> list[list[int]]:
-    """Sample index lists of a group partition, ordered for the pipeline if asked."""
-    assert stage.plan is not None and stage.lengths is not None
-    parts = stage.plan.samples_of(group_parts)
+    """Sample index lists of a group partition, ordered as ``micro_batch_order`` says if
+    ``use_dynamic_bsz_balance`` (:mod:`seqbal.order`), else in the partitioner's order."""
+    assert stage.plan is not None and stage.lengths is not None and stage.arguments is not None
+    plan = stage.plan
+    parts = plan.samples_of(group_parts)
     if not use_dynamic_bsz_balance:
         return parts
-    cost = stage.plan.cost_model
+    cost = plan.cost_model
+    if stage.arguments.micro_batch_order == "largest_first":
+        return _largest_first(plan, stage.lengths, group_parts, parts)
     if not cost.padded:  # the workloads the plan balanced
-        return order_for_pipeline(parts, stage.plan.sample_workloads)
+        return order_for_pipeline(parts, plan.sample_workloads)
     # A padded micro-batch computes on samples x its longest.
     measured = cost.rounded(stage.lengths)
     longest = [int(measured[p].max()) for p in parts]
-    return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, balance_workloads(np.array(longest)))])
+    return _pipeline_order(parts, [len(p) * int(w) for p, w in zip(parts, plan.workload_model(np.array(longest)))])
+
+
+def _largest_first(plan: _LocalPlan, lengths: np.ndarray, group_parts: list[list[int]],
+                   parts: list[list[int]]) -> list[list[int]]:
+    """``parts`` by their cost against the cap (what the cap bounds: tokens, ``samples x
+    longest``, a window or bytes), largest first; ties by workload, then first index. O(k log k)."""
+    sizes = [plan.part_cost(part) for part in group_parts]
+    if plan.cost_model.padded:
+        measured = plan.cost_model.rounded(lengths)
+        longest = np.array([int(measured[p].max()) for p in parts], dtype=np.int64)
+        work = [len(p) * int(w) for p, w in zip(parts, plan.workload_model(longest))]
+    else:
+        work = _sums(plan.sample_workloads, parts)
+    return [parts[i] for i in ranked("largest_first", work, sizes, [p[0] for p in parts])]

@@ -34,11 +34,12 @@ from ..partition import sample_cap as _sample_cap
 from ..partition.packing import split_bins_to_count
 from ..partition.parts import _part_sums
 from ..validation import int_argument
-from ..workload import balance_workloads
+from ..order import check_micro_batch_order
+from ..workload import plan_workloads
 from .divisor import _too_few_groups
-from .dp_schedule import DPSchedule, _group_maxima, _schedule_of
+from .dp_schedule import DPSchedule, SlotOrder, _group_maxima, _schedule_of
 from .equal_samples import _check_equal_samples, _equal_samples_schedule
-from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, _workloads, raise_if_over
+from .inputs import WorkloadFn, _groups, _lengths_array, _optional_count, raise_if_over
 from .padded import _padded_model, _padded_schedule
 from .slots import _aligned, _Bins, _even_slots, _polish_ranks, _ranks_within_slots, _slot_cost, _slots_from_bins
 
@@ -99,6 +100,7 @@ def build_dp_schedule(
     equal_samples: bool = False,
     use_dynamic_bsz_balance: bool = True,
     max_samples_per_micro_batch: Optional[int] = None,
+    micro_batch_order: str = "pipeline",
 ) -> DPSchedule:
     """Plan every DP rank's samples and micro-batches at once, on the driver, with no collective.
 
@@ -127,10 +129,12 @@ def build_dp_schedule(
          With at most :data:`FEW_SLOTS` micro-batches per rank (and at most
          :data:`FEW_SLOTS_MAX_GROUPS` groups), the per-rank route's partition
          goes through steps 4-6 as well, and the one with the smaller per-micro-batch step wins;
-      7. order the slots, the same on every rank: with ``use_dynamic_bsz_balance`` the rule of
+      7. order the slots, the same on every rank: with ``use_dynamic_bsz_balance`` as
+         ``micro_batch_order`` says: ``"pipeline"`` is the rule of
          :func:`seqbal.plan_micro_batches` (slots sorted by workload descending, then
          ``parts[::2][::-1] + parts[1::2]``: light slots at both ends for pipeline bubbles),
-         else heaviest first.
+         ``"largest_first"`` sorts the slots by their largest micro-batch's cost against the cap,
+         largest first (for the caching allocator); without it, heaviest slot first.
 
     With ``equal_samples=True`` steps 2-6 become the per-rank route, aligned: the groups are
     split over the ranks in equal numbers first (KK on workload), each share is packed at the
@@ -163,8 +167,13 @@ def build_dp_schedule(
             The price: the shares are fixed before packing, so the count per rank can be higher
             and the slots less even than without it (see docs/benchmarks.md, step
             efficiency). Default False.
-        use_dynamic_bsz_balance: order the slots for pipeline bubbles (light at both ends), as
-            ``plan_micro_batches`` does. Default True; False: heaviest slot first.
+        use_dynamic_bsz_balance: order the slots (step 7) as ``micro_batch_order`` says, as
+            ``plan_micro_batches`` does. Default True; False: heaviest slot first, whatever
+            ``micro_batch_order`` says.
+        micro_batch_order: ``"pipeline"`` (default: light slots at both ends) or
+            ``"largest_first"`` (the slot whose largest micro-batch costs most first: the
+            allocator reserves its largest blocks once). Slot ``i`` holds similar work on every
+            rank either way; only the order of the slots changes (:mod:`seqbal.order`).
         max_samples_per_micro_batch: a second hard cap, on the samples of every micro-batch (a
             group counts its samples). The count starts at the bound on samples
             (:func:`seqbal.partition.sample_cap.sample_count_bound`), the partition of step 3 is
@@ -220,15 +229,17 @@ def build_dp_schedule(
     for name, flag in (("equal_samples", equal_samples), ("use_dynamic_bsz_balance", use_dynamic_bsz_balance)):
         if not isinstance(flag, (bool, np.bool_)):
             raise ValueError(f"{name} must be True or False, got {flag!r}")
+    micro_batch_order = check_micro_batch_order(micro_batch_order)
     if equal_samples:
         _check_equal_samples(len(array), groups, dp_size, force_group_size)
     max_samples = _check_sample_cap(max_samples_per_micro_batch, groups, group_ids)
     measured = cost.sample_costs(array)  # what each sample counts for under the cost model
     check_int64_sums(measured)  # token totals; the default workloads are kept within int64 below
     lengths_for_work = measured if cost.memory is None else cost.rounded(array)  # bytes are not compute
-    work = balance_workloads(lengths_for_work) if workload_fn is None else _workloads(lengths_for_work, workload_fn)
+    work = plan_workloads(lengths_for_work, workload_fn)
     check_int64_sums(measured, work)
 
+    order = SlotOrder(micro_batch_order if use_dynamic_bsz_balance else None, measured, cost.padded)
     capacity = cost.sample_capacity(max_token_len)
     under = "" if cost.is_default else f" under the {cost}"
     raise_if_over(measured, capacity, lambda index, count: (
@@ -264,12 +275,12 @@ def build_dp_schedule(
         padded = (group_sizes, group_longest, _padded_model(workload_fn)) if cost.padded else None
         return _equal_samples_schedule(
             array, work, groups, group_tokens, group_work, capacity, dp_size, max_token_len,
-            num_batches_divided_by or 1, min_num_micro_batch or 1, padded, use_dynamic_bsz_balance, max_samples,
+            num_batches_divided_by or 1, min_num_micro_batch or 1, padded, order, max_samples,
         )
     if cost.padded:
         return _padded_schedule(
             array, work, groups, group_sizes, group_longest, capacity, dp_size, step, floor, max_token_len,
-            num_batches_divided_by, min_num_micro_batch, workload_fn, use_dynamic_bsz_balance, max_samples,
+            num_batches_divided_by, min_num_micro_batch, workload_fn, order, max_samples,
         )
     packing = best_fit_decreasing_partitions(group_tokens, capacity)
     target = roundup_divisible(max(len(packing), floor), step)
@@ -316,7 +327,7 @@ def build_dp_schedule(
             parts = split_bins_to_count(parts, group_tokens, count, weights=group_work)
         parts, grid = _aligned_within_samples(parts, group_tokens, group_work, group_samples, capacity, dp_size, max_samples)
         bin_work = _part_sums(group_work, parts)
-        return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
+        return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, order)
 
     # Cut the micro-batches into slots of similar work, even out each slot with group moves and
     # swaps, then place each slot's micro-batches on ranks so that rank totals are even too.
@@ -334,7 +345,7 @@ def build_dp_schedule(
             if _slot_cost(other[0], other[1], group_work) < _slot_cost(parts, grid, group_work):
                 parts, grid = other
     bin_work = _part_sums(group_work, parts)
-    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, use_dynamic_bsz_balance)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, order)
 
 
 def _check_sample_cap(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -152,13 +152,41 @@ class DPSchedule:
             "micro_batch_workload_imbalance": ratio(all_work),
         }
 
-def _slot_order(grid: list[list[int]], bin_work: Sequence[int], pipeline: bool) -> list[int]:
+@dataclass(frozen=True)
+class SlotOrder:
+    """How a schedule orders its slots (see :mod:`seqbal.order`): ``order`` is ``"pipeline"``,
+    ``"largest_first"`` or None (``use_dynamic_bsz_balance=False``: heaviest slot first);
+    ``measured`` is each sample's cost against the cap and ``padded`` whether a micro-batch
+    costs ``samples x longest`` (what ``"largest_first"`` sizes micro-batches by)."""
+
+    order: Optional[str] = "pipeline"
+    measured: Optional[np.ndarray] = field(default=None, compare=False)
+    padded: bool = False
+
+    def sizes(self, micro: Sequence[Sequence[int]]) -> list[int]:
+        """Each micro-batch's cost against the cap (sample index lists). O(n)."""
+        assert self.measured is not None
+        if self.padded:
+            return [len(mb) * int(self.measured[list(mb)].max()) if len(mb) else 0 for mb in micro]
+        return [int(self.measured[list(mb)].sum()) for mb in micro]
+
+
+def _slot_order(
+    grid: list[list[int]], bin_work: Sequence[int], pipeline: Union[bool, Optional[str]],
+    bin_size: Optional[Sequence[int]] = None,
+) -> list[int]:
     """Order of the slots, the same on every rank: by slot workload (the sum over ranks),
-    heaviest first, then with ``pipeline`` the rule of ``use_dynamic_bsz_balance``:
-    ``parts[::2][::-1] + parts[1::2]`` of that order (light slots at both ends). O(m log m)."""
+    heaviest first, then with ``pipeline`` (True or ``"pipeline"``) the rule of
+    ``use_dynamic_bsz_balance``: ``parts[::2][::-1] + parts[1::2]`` of that order (light slots at
+    both ends). With ``"largest_first"``: by the slot's largest micro-batch (``bin_size``),
+    largest first, ties by slot workload, then slot. O(m log m)."""
     totals = [sum(int(bin_work[b]) for b in row) for row in grid]
+    if pipeline == "largest_first":
+        assert bin_size is not None
+        largest = [max(int(bin_size[b]) for b in row) for row in grid]
+        return sorted(range(len(grid)), key=lambda s: (-largest[s], -totals[s], s))
     ranked = sorted(range(len(grid)), key=lambda s: (-totals[s], s))
-    return ranked[::2][::-1] + ranked[1::2] if pipeline else ranked
+    return ranked[::2][::-1] + ranked[1::2] if pipeline in (True, "pipeline") else ranked
 
 
 def _group_maxima(values: np.ndarray, groups: list[list[int]], sizes: np.ndarray) -> np.ndarray:
@@ -176,7 +204,7 @@ def _schedule_of(
     bin_work: Sequence[int],
     dp_size: int,
     max_token_len: int,
-    pipeline: bool,
+    order: SlotOrder,
 ) -> DPSchedule:
     """The DPSchedule of micro-batches ``parts`` (group indices) laid out as ``grid``
     (``grid[s][r]``: the part rank ``r`` runs in slot ``s``), slots in :func:`_slot_order`."""
@@ -184,7 +212,8 @@ def _schedule_of(
         micro = [sorted(part) for part in parts]
     else:
         micro = [sorted(i for g in part for i in groups[g]) for part in parts]
-    order = _slot_order(grid, bin_work, pipeline)
+    sizes = order.sizes(micro) if order.order == "largest_first" else None
+    order = _slot_order(grid, bin_work, order.order, sizes)
     per_rank = [tuple(tuple(micro[grid[s][r]]) for s in order) for r in range(dp_size)]
     per_rank.sort(key=lambda r: min(mb[0] for mb in r))  # rank 0 holds sample 0: stable across ties
     return DPSchedule(

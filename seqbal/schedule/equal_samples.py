@@ -21,7 +21,7 @@ from ..partition import (
 from ..partition import sample_cap as _sample_cap
 from ..partition.packing import split_bins_to_count
 from ..partition.parts import _part_sums
-from .dp_schedule import DPSchedule, _schedule_of
+from .dp_schedule import DPSchedule, SlotOrder, _schedule_of
 from .padded import _padded_work
 from .slots import _Bins, _even_slots, _polish_ranks
 
@@ -58,7 +58,7 @@ def _equal_samples_schedule(
     divisor: int,
     min_count: int,
     padded: Optional[tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], np.ndarray]]],
-    pipeline: bool,
+    order: SlotOrder,
     max_samples: Optional[int] = None,
 ) -> DPSchedule:
     """build_dp_schedule with ``equal_samples=True``: split, then pack each share, then align.
@@ -152,7 +152,7 @@ def _equal_samples_schedule(
         _even_slots(bins, grid)
         _polish_ranks(bins, grid)
         parts, bin_work = bins.parts, weigh(bins.parts)
-    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, order)
 
 
 def _capped_search(

@@ -11,12 +11,8 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
-from ..partition import INT64_SAFE_TOTAL
 from ..validation import group_keys, int_argument, int_array
-from ..workload import calculate_workload
-
-
-WorkloadFn = Callable[[Any], Any]
+from ..workload import WorkloadFn, checked_workloads
 
 
 
@@ -40,29 +36,8 @@ def _lengths_array(lengths: Any) -> np.ndarray:
 
 
 def _workloads(lengths: np.ndarray, workload_fn: Optional[WorkloadFn]) -> np.ndarray:
-    values = np.asarray((workload_fn or calculate_workload)(lengths))
-    if values.shape != lengths.shape:
-        raise ValueError(f"workload_fn returned shape {values.shape} for lengths of shape {lengths.shape}")
-    if not np.issubdtype(values.dtype, np.integer):
-        # Integer workloads keep KK exact and deterministic; round float models once here.
-        values = np.rint(values.astype(np.float64))
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            raise ValueError(
-                f"workload_fn returned {values[bad[0]]} for sample {int(bad[0])} (length {int(lengths[bad[0]])}); "
-                f"workloads must be finite"
-            )
-        if values.size and np.abs(values).max() > INT64_SAFE_TOTAL:
-            index = int(np.argmax(np.abs(values)))
-            raise ValueError(f"workload_fn returned {values[index]:.4g} for sample {index}, beyond int64 sums")
-    elif values.dtype.kind == "u" and values.size and int(values.max()) > INT64_SAFE_TOTAL:
-        index = int(np.argmax(values))
-        raise ValueError(f"workload_fn returned {int(values[index])} for sample {index}, beyond int64 sums")
-    values = values.astype(np.int64)
-    if (values < 0).any():
-        index = int(np.argmax(values < 0))
-        raise ValueError(f"workload_fn returned a negative workload ({int(values[index])}) for sample {index}")
-    return values
+    """Checked int64 workloads of ``lengths`` (:func:`seqbal.workload.checked_workloads`)."""
+    return checked_workloads(lengths, workload_fn)
 
 
 def _groups(

@@ -19,7 +19,7 @@ from ..partition import roundup_divisible, split_bins_to_count
 from ..partition.sample_cap import padded_runs, split_to_sample_cap
 from ..workload import balance_workloads
 from .divisor import _too_few_groups
-from .dp_schedule import DPSchedule, _schedule_of
+from .dp_schedule import DPSchedule, SlotOrder, _schedule_of
 from .inputs import WorkloadFn, _workloads
 from .slots import _ranks_within_slots, _slots_from_bins
 
@@ -38,7 +38,7 @@ def _padded_schedule(
     num_batches_divided_by: Optional[int],
     min_num_micro_batch: Optional[int],
     workload_fn: Optional[WorkloadFn],
-    pipeline: bool,
+    order: SlotOrder,
     max_samples: Optional[int] = None,
 ) -> DPSchedule:
     """build_dp_schedule under the padded cost: runs of the length-sorted groups, then slots.
@@ -71,7 +71,7 @@ def _padded_schedule(
     parts = sorted(parts)
     bin_work = _padded_work(parts, group_sizes, group_longest, model)
     grid = _ranks_within_slots(_slots_from_bins(parts, bin_work, dp_size), bin_work, dp_size)
-    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, pipeline)
+    return _schedule_of(array, work, groups, parts, grid, bin_work, dp_size, max_token_len, order)
 
 
 def _padded_model(workload_fn: Optional[WorkloadFn]) -> Callable[[np.ndarray], np.ndarray]:

@@ -36,6 +36,8 @@ def layout_bins(
     max_samples: Optional[int] = None,
     even: bool = True,
     budget: Optional[int] = None,
+    order: str = "pipeline",
+    longest: Optional[np.ndarray] = None,
 ) -> list[list[list[int]]]:
     """``[rank][slot]`` -> group positions, for ``parts`` (at most ``ranks * per_rank`` lists of
     group positions; missing or empty ones become dummies).
@@ -54,30 +56,46 @@ def layout_bins(
             micro-batches and placed on ranks only, at a fraction of the cost.
         budget: at most this many trade attempts in the evening (each a few small NumPy
             steps); None: the evening's own bound (:data:`seqbal.schedule.slots.SLOT_BUDGET_PER_SLOT`).
+        order: ``micro_batch_order``: ``"pipeline"`` or ``"largest_first"`` (:mod:`seqbal.order`;
+            a micro-batch's size is the sum of its ``tokens``, or under ``padded`` its samples x
+            its groups' ``longest``).
+        longest: each group's longest (rounded) sample; needed for ``"largest_first"`` under ``padded``.
 
     Returns:
-        ``ranks`` lists of ``per_rank`` lists; slots in the pipeline order of
-        ``use_dynamic_bsz_balance`` when nothing is empty, else heaviest first (dummies last).
+        ``ranks`` lists of ``per_rank`` lists; slots (micro-batches of similar work, one per
+        rank) in ``order`` when nothing is empty, else heaviest first (largest first with
+        ``"largest_first"``), dummies last.
         O(t log t) for ``t = ranks * per_rank`` micro-batches, plus the evening.
     """
     total = ranks * per_rank
     full = len(parts) == total and all(parts)
+
+    def sizes(bins: list[list[int]]) -> Optional[list[int]]:
+        if order != "largest_first":
+            return None
+        if padded:
+            assert longest is not None
+            return [int(samples[b].sum()) * int(longest[b].max()) if len(b) else 0 for b in bins]
+        return _part_sums(tokens, bins).tolist()
+
     if full and not padded and ranks > 1 and even:
         if max_samples is None:
             parts, grid = _aligned(parts, tokens, work, capacity, ranks, budget)
         else:
             parts, grid = _aligned_within_samples(parts, tokens, work, samples, capacity, ranks, max_samples, budget)
-        pipeline = True
     else:
         parts = [sorted(p) for p in parts] + [[] for _ in range(total - len(parts))]
         bin_work = _part_sums(work, parts).tolist()
+        bin_size = sizes(parts)
         # heaviest first, the empty ones last whatever the workloads (a zero-length sample weighs 0)
         ranked = sorted(range(total), key=lambda b: (not parts[b], -bin_work[b], parts[b][0] if parts[b] else 0))
         slots = [ranked[start:start + ranks] for start in range(0, total, ranks)]
         grid = _ranks_within_slots(slots, bin_work, ranks)
         if full:  # the same slot order as every other plan
-            order = _slot_order(grid, bin_work, True)
-            return [[list(parts[grid[s][r]]) for s in order] for r in range(ranks)]
-        return [[list(parts[grid[s][r]]) for s in range(per_rank)] for r in range(ranks)]
-    order = _slot_order(grid, _part_sums(work, parts), pipeline)
-    return [[list(parts[grid[s][r]]) for s in order] for r in range(ranks)]
+            slot_order = _slot_order(grid, bin_work, order, bin_size)
+            return [[list(parts[grid[s][r]]) for s in slot_order] for r in range(ranks)]
+        # a flush: heaviest slot first (largest first with "largest_first"), dummies last either way
+        slot_order = _slot_order(grid, bin_work, order, bin_size) if bin_size is not None else range(per_rank)
+        return [[list(parts[grid[s][r]]) for s in slot_order] for r in range(ranks)]
+    slot_order = _slot_order(grid, _part_sums(work, parts), order, sizes(parts))
+    return [[list(parts[grid[s][r]]) for s in slot_order] for r in range(ranks)]

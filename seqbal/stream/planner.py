@@ -39,7 +39,9 @@ from ..partition.packing import split_bins_to_count
 from ..partition.sample_cap import sample_count_bound, within_sample_cap
 from ..partition.parts import ceildiv
 from ..schedule.slots import SLOT_CLOSE_ENOUGH
+from ..order import check_micro_batch_order
 from ..validation import flag_argument, int_argument
+from ..workload import WorkloadFn, workload_digest
 from .exact import exact_selection
 from .fill import fill_bins
 from .layout import layout_bins
@@ -146,6 +148,13 @@ class StepPlanner:
             ``samples_per_step`` step runs it with at most one trade attempt per
             :data:`SAMPLES_PER_TRADE` pending samples (True: to the end, as
             ``build_dp_schedule`` does). docs/streams.md has the figures.
+        workload_fn: what the slots balance: lengths -> non-negative workloads (as in
+            :func:`seqbal.plan_micro_batches`). Default None: :func:`seqbal.calculate_workload`.
+            With ``dp_group``, every rank must pass the same model (compared by a digest of its
+            workloads on fixed probe lengths, in the gather each step already makes).
+        micro_batch_order: the order of a step's slots on every rank: ``"pipeline"`` (default:
+            light slots at both ends) or ``"largest_first"`` (the slot with the largest
+            micro-batch first, for the caching allocator; :mod:`seqbal.order`).
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
@@ -187,6 +196,8 @@ class StepPlanner:
         max_wait_steps: Optional[int] = None,
         dp_group: Any = None,
         even_slots: Optional[bool] = None,
+        workload_fn: Optional[WorkloadFn] = None,
+        micro_batch_order: str = "pipeline",
     ) -> None:
         self.max_token_len = int_argument("max_token_len", max_token_len)
         self.num_replicas = int_argument("num_replicas", num_replicas)
@@ -230,9 +241,15 @@ class StepPlanner:
         if even_slots is not None and not isinstance(even_slots, (bool, np.bool_)):
             raise ValueError(f"even_slots must be None, True or False, got {even_slots!r}")
         self.even_slots = even_slots
+        if workload_fn is not None and not callable(workload_fn):
+            raise ValueError(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
+        self.workload_fn = workload_fn
+        self._workload_digest = workload_digest(workload_fn)  # checks the model on the probe lengths
+        self.micro_batch_order = check_micro_batch_order(micro_batch_order)
         self.steps = 0
         self.oldest_patience = OLDEST_PATIENCE
-        self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step)
+        self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step,
+                          workload_fn)
         self._staged: list[Arrivals] = []
 
     # -- reading ------------------------------------------------------------------------------
@@ -321,7 +338,9 @@ class StepPlanner:
                 ("micro_batches_per_step", self.micro_batches_per_step), ("samples_per_step", self.samples_per_step),
                 ("cost_model", repr(self.cost_model)), ("max_samples_per_micro_batch", self.max_samples_per_micro_batch),
                 ("max_wait_steps", self.max_wait_steps), ("steps taken", self.steps),
-                ("samples pending", self._pool.samples), ("flush", flush)]
+                ("samples pending", self._pool.samples),
+                ("(workload_fn digest on probe lengths, micro_batch_order)", (self._workload_digest, self.micro_batch_order)),
+                ("flush", flush)]
 
     def _gather(self, flush: Any) -> None:
         """With ``dp_group``: every rank's staged arrivals into every rank's pool, in rank order.
@@ -520,7 +539,8 @@ class StepPlanner:
                 parts = split_bins_to_count(parts, cost, total, weights=work)
         layout = layout_bins(parts, tokens, work, samples, self.cost_model.token_capacity(self.max_token_len),
                              self.num_replicas, per_rank, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch, even=even, budget=budget)
+                             max_samples=self.max_samples_per_micro_batch, even=even, budget=budget,
+                             order=self.micro_batch_order, longest=columns["longest"][where])
         return positions, [[[positions[g] for g in mb] for mb in rank] for rank in layout]
 
     def _fixed_samples_step(self, flush: bool) -> Optional[tuple[list[int], list[list[list[int]]]]]:
@@ -549,6 +569,7 @@ class StepPlanner:
                 schedule = build_dp_schedule(
                     pool.lengths[sample_pos], ranks, self.max_token_len, group_ids=group_of.tolist(),
                     cost_model=self.cost_model, max_samples_per_micro_batch=self.max_samples_per_micro_batch,
+                    workload_fn=self.workload_fn, micro_batch_order=self.micro_batch_order,
                 )
             except ValueError:  # too few groups for the count every rank needs: dummies below
                 schedule = None

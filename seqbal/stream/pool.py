@@ -18,7 +18,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..validation import group_keys, int_array
-from ..workload import balance_workloads
+from ..workload import WorkloadFn, plan_workloads
 
 #: Per-group columns, in arrival order.
 GROUP_COLUMNS = ("cost", "tokens", "samples", "longest", "work", "born")
@@ -56,11 +56,13 @@ class Pool:
         cost: the cost model the cap applies to.
         max_samples: the cap on a micro-batch's samples (a group must fit it), or None.
         max_group_samples: the most samples a group may have (``samples_per_step``), or None.
+        workload_fn: lengths -> workloads a group's ``work`` sums (None: the default model).
     """
 
     def __init__(self, max_token_len: int, cost: CostModel, max_samples: Optional[int],
-                 max_group_samples: Optional[int]) -> None:
+                 max_group_samples: Optional[int], workload_fn: Optional[WorkloadFn] = None) -> None:
         self.max_token_len = max_token_len
+        self.workload_fn = workload_fn
         self.cost_model = cost
         self.capacity = cost.sample_capacity(max_token_len)
         self.max_samples = max_samples
@@ -180,7 +182,7 @@ class Pool:
         starts = np.cumsum(sizes) - sizes
         tokens = np.add.reduceat(sample_cost, starts) if n else _empty()  # bytes under a memory cost
         longest = np.maximum.reduceat(rounded, starts) if n else _empty()
-        work = np.add.reduceat(balance_workloads(rounded), starts) if n else _empty()
+        work = np.add.reduceat(plan_workloads(rounded, self.workload_fn), starts) if n else _empty()
         if self.cost_model.padded:
             cost = sizes * longest
             capacity = self.max_token_len
