@@ -259,7 +259,8 @@ def test_declared_versions_are_setup_cfgs():
     for page in DOCS:
         flat = " ".join(page.read_text(encoding="utf-8").split())
         for sentence in re.findall(r"setup\.cfg declares.*?(?:\.\s|$)", flat):
-            claims += [(page.name, spec) for spec in re.findall(r"`((?:torch|tensordict|numpy)>=[\d.]+)`", sentence)]
+            claims += [(page.name, spec) for spec in
+                       re.findall(r"`((?:torch|tensordict|numpy)>=[\d.]+(?:,<=?[\d.]+)?)`", sentence)]
     assert claims, "no page quotes setup.cfg's requirements"
     wrong = [(name, spec) for name, spec in claims if spec not in declared]
     assert not wrong, (wrong, declared)
