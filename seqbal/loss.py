@@ -15,6 +15,13 @@ the collective; every rank learns of it and raises together. Under context paral
 sequence's tokens are sharded over ``cp_group``: its counts are summed over that group first
 (two more all-reduces, carrying the errors the same way), so that every shard is weighted by
 the whole sequence's count and every error reaches the whole DP x CP grid.
+
+What a SUM cannot combine travels in per-rank slots of the same all-reduce: the arguments every
+rank must pass alike (mode, reduction, scale factor, whether groups are the unit), compared
+exactly, and each rank's widest loss mask, whose maximum is the default horizon of
+``seq-mean-token-sum-norm``, so the five modes still cost one collective. Groups (a preference
+pair, a GRPO group) are read by ``loss_units.py``; they only change what the ``seq-mean``
+modes count as one unit.
 """
 
 from __future__ import annotations
