@@ -84,8 +84,9 @@ def test_the_config_schema_refuses_balance_labels_when_axolotl_validates_it():
 
 
 def test_balance_labels_on_axolotls_own_config_object():
-    """The same refusal on the DictDefault axolotl hands plug-ins (axolotl 0.19.0 has no
-    balance_labels of its own: a config that sets it reaches the plug-in as written)."""
+    """The same refusal on the DictDefault axolotl hands plug-ins, with the key set as axolotl 0.21's
+    validated config carries it (axolotl 0.19.0's own schema has no balance_labels and drops the key
+    from a YAML config, so under 0.19.0 the setting never reaches a trainer at all)."""
     DictDefault = pytest.importorskip("axolotl.utils.dict").DictDefault
     cfg = DictDefault({"sample_packing": True, "balance_labels": True, "micro_batch_size": 1, "sequence_len": 32})
     with pytest.raises(ValueError, match=BALANCE_LABELS):
