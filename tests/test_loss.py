@@ -29,6 +29,11 @@ RTOL = 1e-6
 RTOL_FLOAT64 = 1e-9
 
 
+#: The hard deadline of each spawned world (a hang guard, not a timing): every mode, reduction and
+#: precision runs in one world, well under a minute on an idle 2-core machine, and a machine loaded
+#: many times over (a whole suite with -n auto beside other jobs) must still finish it.
+DEADLINE_S = 600
+
 #: The references of the exactness tests: the definitions below, and verl's ``agg_loss``.
 REFERENCES = ("definition", "verl")
 #: verl's ``seq-mean-token-mean`` divides each sequence's sum by ``n_s + 1e-8``: its gradient
@@ -269,7 +274,7 @@ def two_ranks(tmp_path_factory):
     from .test_distributed import spawn_ranks
 
     out = tmp_path_factory.mktemp("loss")
-    exit_codes = spawn_ranks([(workers.worker_main, 2, (2, str(out / "init"), str(out)))], deadline_s=240)
+    exit_codes = spawn_ranks([(workers.worker_main, 2, (2, str(out / "init"), str(out)))], deadline_s=DEADLINE_S)
     records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
     for record in records:
         assert "__crash__" not in record, record["__crash__"]
@@ -412,7 +417,8 @@ def dp_cp_ranks(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("loss_cp")
     world = loss_cp_workers.DP * loss_cp_workers.CP
-    exit_codes = spawn_ranks([(loss_cp_workers.worker_main, world, (world, str(out / "init"), str(out)))], deadline_s=240)
+    exit_codes = spawn_ranks([(loss_cp_workers.worker_main, world, (world, str(out / "init"), str(out)))],
+                             deadline_s=DEADLINE_S)
     records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
     for record in records:
         assert "__crash__" not in record, record["__crash__"]
@@ -473,7 +479,7 @@ def three_ranks(tmp_path_factory):
     from .test_distributed import spawn_ranks
 
     out = tmp_path_factory.mktemp("loss3")
-    exit_codes = spawn_ranks([(workers.worker_main, 3, (3, str(out / "init"), str(out)))], deadline_s=240)
+    exit_codes = spawn_ranks([(workers.worker_main, 3, (3, str(out / "init"), str(out)))], deadline_s=DEADLINE_S)
     records = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(3)]
     for record in records:
         assert "__crash__" not in record, record["__crash__"]
