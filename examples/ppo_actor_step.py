@@ -22,7 +22,8 @@ What a PPO/GRPO actor does in one update, per data-parallel rank:
      before it);
   5. the reduced gradient is checked against the gradient of the same global loss computed in
      one pass over every rank's samples (no micro-batches, no weights: the formulas of the three
-     modes written out), for each of verl's ``loss_agg_mode`` names; then one AdamW step.
+     modes written out), for three of verl's ``loss_agg_mode`` names (tests/test_loss.py checks
+     all five against verl's own ``agg_loss``); then one AdamW step.
 
 Tolerance: float32, |accumulated - full| <= 1e-6 + 1e-4 * max|full| per mode. ``--dump DIR``
 writes each rank's batch and reduced gradients (for the test's own reference). Exit code 1 on

@@ -213,15 +213,18 @@ class SumAgreement:
         error_rank: the rank (group-local) that sent ``error_code`` (the highest on ties), -1
             if none.
         world_size: size of the group.
+        per_rank: each rank's own ``per_rank`` values, in rank order (group-local): the values
+            a rank must agree on (arguments) or that a SUM cannot combine (a maximum).
     """
 
     sums: tuple[int, ...]
     error_code: int
     error_rank: int
     world_size: int
+    per_rank: tuple[tuple[int, ...], ...] = ()
 
 
-def sum_with_error(values: Sequence[int], error_code: int, group: Any) -> SumAgreement:
+def sum_with_error(values: Sequence[int], error_code: int, group: Any, per_rank: Sequence[int] = ()) -> SumAgreement:
     """One SUM all-reduce of ``values`` (non-negative ints) and of every rank's error code.
 
     The loss weights need global counts and the agreement on errors in the same collective
@@ -229,19 +232,25 @@ def sum_with_error(values: Sequence[int], error_code: int, group: Any) -> SumAgr
     maximum, so each rank writes its error code into its own slot of a ``world``-long tail:
     the sum then holds every rank's code, and all ranks pick the same one (largest code,
     highest rank on ties, as :func:`agree_on_constraints` does). A failing rank sends zeros as
-    its values. Tensor: ``len(values) + world`` int64s.
+    its values. ``per_rank`` (ints within int64, the same count on every rank) travel the same
+    way, each rank's in its own slots, and come back as every rank's values: what the ranks must
+    agree on, and what a SUM cannot combine (a maximum). Tensor:
+    ``len(values) + world * (1 + len(per_rank))`` int64s.
     """
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    codes = [0] * world
-    codes[rank] = int(error_code)
-    packed = torch.tensor([*map(int, values), *codes], dtype=torch.int64, device=_collective_device(group))
+    width = 1 + len(per_rank)
+    slots = [0] * (world * width)
+    slots[rank * width:(rank + 1) * width] = [int(error_code), *map(int, per_rank)]
+    packed = torch.tensor([*map(int, values), *slots], dtype=torch.int64, device=_collective_device(group))
     dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
     reduced = packed.cpu().tolist()
-    sums, agreed_codes = reduced[: len(values)], reduced[len(values):]
-    failing = [(code, r) for r, code in enumerate(agreed_codes) if code > 0]
+    sums, tail = reduced[: len(values)], reduced[len(values):]
+    rows = [tail[r * width:(r + 1) * width] for r in range(world)]
+    failing = [(row[0], r) for r, row in enumerate(rows) if row[0] > 0]
     code, failed_rank = max(failing) if failing else (0, -1)
-    return SumAgreement(sums=tuple(sums), error_code=code, error_rank=failed_rank, world_size=world)
+    return SumAgreement(sums=tuple(sums), error_code=code, error_rank=failed_rank, world_size=world,
+                        per_rank=tuple(tuple(row[1:]) for row in rows))
 
 
 def global_rank(group: Any, rank_in_group: int) -> int:

@@ -15,22 +15,33 @@ the collective; every rank learns of it and raises together. Under context paral
 sequence's tokens are sharded over ``cp_group``: its counts are summed over that group first
 (two more all-reduces, carrying the errors the same way), so that every shard is weighted by
 the whole sequence's count and every error reaches the whole DP x CP grid.
+
+What a SUM cannot combine travels in per-rank slots of the same all-reduce: the arguments every
+rank must pass alike (mode, reduction, scale factor, whether groups are the unit), compared
+exactly, and each rank's widest loss mask, whose maximum is the default horizon of
+``seq-mean-token-sum-norm``, so the five modes still cost one collective. Groups (a preference
+pair, a GRPO group) are read by ``loss_units.py``; they only change what the ``seq-mean``
+modes count as one unit.
 """
 
 from __future__ import annotations
 
+import math
+import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 from .plan import _REASONS, MicroBatchPlanError, _check_dp_group, _rank_name
+from .loss_units import unit_labels
 from .validation import check_is_partition
 
 __all__ = ["LOSS_MODES", "GRAD_REDUCTIONS", "loss_weights"]
 
-#: The aggregation modes, by verl's ``loss_agg_mode`` names.
-LOSS_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: The aggregation modes: every ``loss_agg_mode`` of verl 0.9.1's ``agg_loss``, by its names.
+LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 #: How the engine reduces gradients over ``dp_group``: DDP/FSDP average ("mean"), or sum.
 GRAD_REDUCTIONS = ("mean", "sum")
 
@@ -68,8 +79,9 @@ def _check_zero_one(values: torch.Tensor, key: str, position: int) -> None:
         )
 
 
-def _tokens_per_sample(mask: Any, key: str, position: int) -> torch.Tensor:
-    """Loss tokens of each row of a dense ``[b, T]`` or jagged nested ``[b, j]`` mask.
+def _tokens_per_sample(mask: Any, key: str, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss tokens and width (``T``, or the row's own length) of each row of a dense ``[b, T]``
+    or jagged nested ``[b, j]`` mask.
 
     Exactly two dimensions: a ``[b, T, k]`` mask would count each token ``k`` times, silently
     wrong weights, so it is an error (agreed like every other) naming its shape."""
@@ -89,9 +101,12 @@ def _tokens_per_sample(mask: Any, key: str, position: int) -> torch.Tensor:
         rows = mask.unbind()
         for row in rows:
             _check_zero_one(row, key, position)
-        return torch.stack([row.sum(dtype=torch.int64) for row in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+        if not rows:
+            return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+        widths = torch.tensor([row.shape[0] for row in rows], dtype=torch.int64)
+        return torch.stack([row.sum(dtype=torch.int64) for row in rows]), widths
     _check_zero_one(mask, key, position)
-    return mask.sum(-1, dtype=torch.int64)
+    return mask.sum(-1, dtype=torch.int64), torch.full((mask.shape[0],), mask.shape[-1], dtype=torch.int64)
 
 
 def _weight_dtype(dtype: Any) -> Optional[torch.dtype]:
@@ -119,23 +134,60 @@ def _index_list(part: Any, position: int) -> list[Any]:
         ) from None
 
 
+def _scale_factor_bits(value: Any) -> int:
+    """``loss_scale_factor`` checked (None, or a finite number > 0) as the int64 of its float64
+    bits, 0 for None: how the ranks compare it exactly in an integer all-reduce."""
+    if value is None:
+        return 0
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, (bool, str, bytes)) or not math.isfinite(number) or number <= 0:
+        raise MicroBatchPlanError(
+            f"loss_scale_factor must be None (the response horizon) or a finite number > 0, got {value!r}",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        )
+    return struct.unpack("<q", struct.pack("<d", number))[0]
+
+
+def _factor_of(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+
+@dataclass
+class _Local:
+    """This rank's reading of its micro-batches: per micro-batch, each sample's loss tokens and
+    mask width (None for a dummy) and its unit's label; the unit count; each micro-batch's row
+    count and the device and dtype of its weights."""
+
+    tokens: list[Optional[torch.Tensor]]
+    widths: list[Optional[torch.Tensor]]
+    labels: list[list[int]]
+    units: int
+    grouped: bool
+    rows: list[int]
+    targets: list[tuple[torch.device, torch.dtype]]
+
+    def samples(self) -> int:
+        return sum(len(t) for t in self.tokens if t is not None)
+
+    def max_width(self) -> int:
+        return max((int(w.max()) for w in self.widths if w is not None and len(w)), default=0)
+
+
+_NOTHING = _Local([], [], [], 0, False, [], [])
+
+
 def _local_counts(
     micro_batches: Sequence[Any],
     batch_idx_list: Sequence[Sequence[int]],
     key: str,
-    mode: Any,
-    grad_reduction: Any,
-    dtype: Any = None,
-) -> tuple[list[Optional[torch.Tensor]], list[int], list[tuple[torch.device, torch.dtype]]]:
-    """Per micro-batch, each sample's loss tokens (None for a dummy), its row count, and the
-    device and dtype of its weights."""
-    if mode not in LOSS_MODES:
-        raise MicroBatchPlanError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}", MicroBatchPlanError.BAD_ARGUMENT)
-    if grad_reduction not in GRAD_REDUCTIONS:
-        raise MicroBatchPlanError(
-            f"grad_reduction must be 'mean' (DDP/FSDP average gradients over dp_group) or 'sum', got {grad_reduction!r}",
-            MicroBatchPlanError.BAD_ARGUMENT,
-        )
+    dtype: Any,
+    force_group_size: Any,
+    group_ids: Any,
+) -> _Local:
+    """Read and check this rank's micro-batches, index lists and groups (no collective)."""
     dtype = _weight_dtype(dtype)
     if len(micro_batches) != len(batch_idx_list):
         raise MicroBatchPlanError(
@@ -143,29 +195,45 @@ def _local_counts(
             f"rearrange_micro_batches returned them",
             MicroBatchPlanError.BAD_ARGUMENT,
         )
-    tokens: list[Optional[torch.Tensor]] = []
-    rows: list[int] = []
-    targets: list[tuple[torch.device, torch.dtype]] = []
+    local = _Local([], [], [], 0, False, [], [])
     parts = [_index_list(part, position) for position, part in enumerate(batch_idx_list)]
     for position, (micro_batch, part) in enumerate(zip(micro_batches, parts)):
         mask = _entry(micro_batch, key)
-        counts = _tokens_per_sample(mask, key, position)
+        counts, widths = _tokens_per_sample(mask, key, position)
         if part and len(part) != len(counts):
             raise MicroBatchPlanError(
                 f"micro-batch {position} has {len(counts)} rows in {key} but its index list holds {len(part)} samples",
                 MicroBatchPlanError.BAD_BATCH,
             )
-        tokens.append(counts if part else None)
-        rows.append(len(counts))
-        targets.append((mask.device, dtype or (mask.dtype if mask.is_floating_point() else torch.get_default_dtype())))
+        local.tokens.append(counts if part else None)
+        local.widths.append(widths if part else None)
+        local.rows.append(len(counts))
+        local.targets.append((mask.device, dtype or (mask.dtype if mask.is_floating_point() else torch.get_default_dtype())))
+    samples = sum(len(part) for part in parts)
     try:  # the index lists must name this rank's samples 0..n-1, each once (dummies aside)
-        check_is_partition(parts, sum(len(part) for part in parts))
+        check_is_partition(parts, samples)
     except ValueError as error:
         raise MicroBatchPlanError(
             f"batch_idx_list: {error}; pass the index lists rearrange_micro_batches returned with the micro-batches",
             MicroBatchPlanError.BAD_ARGUMENT,
         ) from None
-    return tokens, rows, targets
+    try:
+        local.labels, local.units, local.grouped = unit_labels(parts, samples, force_group_size, group_ids)
+    except ValueError as error:
+        raise MicroBatchPlanError(str(error), MicroBatchPlanError.BAD_ARGUMENT) from None
+    return local
+
+
+def _check_arguments(mode: Any, grad_reduction: Any, loss_scale_factor: Any) -> int:
+    """Check the arguments every rank must pass alike; ``loss_scale_factor``'s bits."""
+    if mode not in LOSS_MODES:
+        raise MicroBatchPlanError(f"mode must be one of {list(LOSS_MODES)}, got {mode!r}", MicroBatchPlanError.BAD_ARGUMENT)
+    if grad_reduction not in GRAD_REDUCTIONS:
+        raise MicroBatchPlanError(
+            f"grad_reduction must be 'mean' (DDP/FSDP average gradients over dp_group) or 'sum', got {grad_reduction!r}",
+            MicroBatchPlanError.BAD_ARGUMENT,
+        )
+    return _scale_factor_bits(loss_scale_factor)
 
 
 def _check_cp_group(cp_group: Any) -> None:
@@ -182,20 +250,37 @@ def _check_cp_group(cp_group: Any) -> None:
         )
 
 
-def _choices(ok: bool, mode: Any, grad_reduction: Any) -> list[int]:
-    """One-hot mode and reduction: their sums show whether every rank passed the same ones."""
-    return [int(ok and mode == name) for name in LOSS_MODES] + [int(ok and grad_reduction == name) for name in GRAD_REDUCTIONS]
+#: The arguments every rank must pass alike, in the order of :func:`_fingerprint`.
+_ARGUMENTS = ("mode", "grad_reduction", "the unit (samples, or groups)", "loss_scale_factor")
 
 
-def _mismatched(sums: Sequence[int], world: int, group_name: str) -> Optional[MicroBatchPlanError]:
-    """The agreed error for ranks that passed different ``mode`` or ``grad_reduction``."""
-    mode_counts, reduction_counts = list(sums[:3]), list(sums[3:5])
-    if max(mode_counts) == world and max(reduction_counts) == world:
+def _fingerprint(mode: Any, grad_reduction: Any, grouped: bool, factor_bits: int) -> list[int]:
+    """The arguments as ints (mode and reduction by position, 1-based; then the unit; the
+    factor's bits), for every rank to compare in the all-reduce."""
+    return [LOSS_MODES.index(mode) + 1, GRAD_REDUCTIONS.index(grad_reduction) + 1, 1 + int(grouped), factor_bits]
+
+
+def _decoded(position: int, value: int) -> Any:
+    if position == 0:
+        return LOSS_MODES[value - 1]
+    if position == 1:
+        return GRAD_REDUCTIONS[value - 1]
+    if position == 2:
+        return "groups" if value == 2 else "samples"
+    return None if value == 0 else _factor_of(value)
+
+
+def _mismatched(fingerprints: Sequence[Sequence[int]], group_name: str) -> Optional[MicroBatchPlanError]:
+    """The agreed error for ranks that passed different arguments (every rank's fingerprint)."""
+    differing = [position for position in range(len(_ARGUMENTS)) if len({f[position] for f in fingerprints}) > 1]
+    if not differing:
         return None
+    what = "; ".join(
+        f"{_ARGUMENTS[position]} by rank {[_decoded(position, f[position]) for f in fingerprints]}" for position in differing
+    )
     return MicroBatchPlanError(
-        f"the ranks of {group_name} passed different arguments to loss_weights: ranks per mode "
-        f"{dict(zip(LOSS_MODES, mode_counts))}, per grad_reduction {dict(zip(GRAD_REDUCTIONS, reduction_counts))}; "
-        f"pass the same mode and grad_reduction on every rank",
+        f"the ranks of {group_name} passed different arguments to loss_weights: {what}; pass the same mode, "
+        f"grad_reduction and loss_scale_factor, and groups (force_group_size or group_ids) on every rank or on none",
         MicroBatchPlanError.MISMATCHED_ARGUMENTS,
     )
 
@@ -208,53 +293,91 @@ def _peer_error(code: int, name: str) -> MicroBatchPlanError:
 
 
 def _context_parallel_counts(
-    tokens: list[Optional[torch.Tensor]], problem: Optional[Exception], mode: Any, grad_reduction: Any, cp_group: Any
-) -> tuple[list[Optional[torch.Tensor]], Optional[Exception], int]:
-    """Each sample's loss tokens summed over ``cp_group`` (its shards), the agreed problem of the
-    group (this rank's, a peer's, or different sample counts), and the group's size.
+    local: _Local, problem: Optional[Exception], fingerprint: list[int], cp_group: Any
+) -> tuple[_Local, Optional[Exception], int]:
+    """Each sample's loss tokens and mask width summed over ``cp_group`` (its shards), the
+    agreed problem of the group (this rank's, a peer's, different arguments, or different
+    samples or groups), and the group's size.
 
-    Two SUM all-reduces: the rows and arguments with every rank's error code, then, only where
-    that agreement found nothing wrong (so every rank of the group takes the same branch), the
-    per-sample counts. O(samples).
+    Two SUM all-reduces: every rank's arguments, samples, units and error code, then, only
+    where that agreement found nothing wrong (so every rank of the group takes the same branch),
+    the per-sample counts and widths. O(samples).
     """
     from . import collectives
 
     ok = problem is None
-    own = torch.cat([t for t in tokens if t is not None]) if ok and any(t is not None for t in tokens) else (
-        torch.zeros(0, dtype=torch.int64))
-    samples = len(own) if ok else 0
     header = collectives.sum_with_error(
-        [samples, samples * samples, *_choices(ok, mode, grad_reduction)],
-        problem.code if problem is not None else 0, cp_group,
+        [], problem.code if problem is not None else 0, cp_group,
+        per_rank=[*fingerprint, local.samples(), local.units] if ok else [0] * (len(fingerprint) + 2),
     )
     world = header.world_size
     if header.error_code:
         if problem is None:
             rank = collectives.global_rank(cp_group, header.error_rank)
             problem = _peer_error(header.error_code, f"rank {header.error_rank} of the context-parallel group (global rank {rank})")
-        return tokens, problem, world
-    mismatch = _mismatched(header.sums[2:], world, "cp_group")
-    if mismatch is None and header.sums[0] * header.sums[0] != world * header.sums[1]:
-        # equal sums of n and n**2 over the ranks hold only when every rank has the same n
+        return local, problem, world
+    mismatch = _mismatched([row[:len(_ARGUMENTS)] for row in header.per_rank], "cp_group")
+    shapes = [tuple(row[len(_ARGUMENTS):]) for row in header.per_rank]
+    if mismatch is None and len(set(shapes)) > 1:
         mismatch = MicroBatchPlanError(
-            f"the ranks of cp_group hold different numbers of samples ({header.sums[0]} over {world} ranks); "
-            f"context-parallel ranks must pass the same micro-batches and index lists, each with its own shard "
-            f"of the loss mask",
+            f"the ranks of cp_group hold different numbers of samples or groups ((samples, units) by rank {shapes}); "
+            f"context-parallel ranks must pass the same micro-batches, index lists and groups, each with its own "
+            f"shard of the loss mask",
             MicroBatchPlanError.MISMATCHED_ARGUMENTS,
         )
     if mismatch is not None:
-        return tokens, mismatch, world
-    summed = collectives.sum_with_error(own.tolist(), 0, cp_group).sums
-    full = torch.tensor(summed, dtype=torch.int64)
-    out: list[Optional[torch.Tensor]] = []
+        return local, mismatch, world
+    present = [(t, w) for t, w in zip(local.tokens, local.widths) if t is not None]
+    own = [int(v) for t, _ in present for v in t] + [int(v) for _, w in present for v in w]
+    summed = collectives.sum_with_error(own, 0, cp_group).sums
+    samples = len(own) // 2
+    full_tokens = torch.tensor(summed[:samples], dtype=torch.int64)
+    full_widths = torch.tensor(summed[samples:], dtype=torch.int64)
+    tokens: list[Optional[torch.Tensor]] = []
+    widths: list[Optional[torch.Tensor]] = []
     start = 0
-    for counts in tokens:
+    for counts in local.tokens:
         if counts is None:
-            out.append(None)
+            tokens.append(None)
+            widths.append(None)
             continue
-        out.append(full[start:start + len(counts)])
+        tokens.append(full_tokens[start:start + len(counts)])
+        widths.append(full_widths[start:start + len(counts)])
         start += len(counts)
-    return out, None, world
+    return _Local(tokens, widths, local.labels, local.units, local.grouped, local.rows, local.targets), None, world
+
+
+def _unit_tokens(local: _Local) -> torch.Tensor:
+    """Loss tokens of each unit of this rank (float64), from its members' counts. O(samples)."""
+    totals = torch.zeros(local.units, dtype=torch.float64)
+    for counts, labels in zip(local.tokens, local.labels):
+        if counts is not None and len(counts):
+            totals.index_add_(0, torch.tensor(labels, dtype=torch.int64), counts.to(torch.float64))
+    return totals
+
+
+def _weights(local: _Local, mode: str, factor: float, tokens: int, units: int, horizon: float) -> list[torch.Tensor]:
+    """Each micro-batch's weights from the global counts (see :func:`loss_weights`)."""
+    unit_tokens = _unit_tokens(local) if mode == "seq-mean-token-mean" else None
+    weights = []
+    for counts, labels, n_rows, (device, weight_dtype) in zip(local.tokens, local.labels, local.rows, local.targets):
+        if counts is None:  # a dummy micro-batch
+            weights.append(torch.zeros(n_rows, dtype=weight_dtype, device=device))
+            continue
+        if mode == "token-mean":
+            weight = torch.full((len(counts),), factor / tokens if tokens else 0.0, dtype=torch.float64)
+        elif mode == "token-sum":
+            weight = torch.full((len(counts),), factor, dtype=torch.float64)
+        elif mode == "seq-mean-token-sum":
+            weight = torch.full((len(counts),), factor / units if units else 0.0, dtype=torch.float64)
+        elif mode == "seq-mean-token-sum-norm":
+            scale = factor / (units * horizon) if units and horizon else 0.0
+            weight = torch.full((len(counts),), scale, dtype=torch.float64)
+        else:  # seq-mean-token-mean: the unit's tokens, summed over its members
+            own = unit_tokens[torch.tensor(labels, dtype=torch.int64)] if labels else torch.zeros(0, dtype=torch.float64)
+            weight = torch.where(own > 0, factor / (units * own.clamp(min=1)), torch.zeros_like(own))
+        weights.append(weight.to(device=device, dtype=weight_dtype))
+    return weights
 
 
 def loss_weights(
@@ -267,6 +390,9 @@ def loss_weights(
     grad_reduction: str = "mean",
     dtype: Optional[torch.dtype] = None,
     cp_group: Any = None,
+    loss_scale_factor: Optional[float] = None,
+    force_group_size: int = 1,
+    group_ids: Optional[Sequence[Any]] = None,
 ) -> list[torch.Tensor]:
     """A weight per sample of every micro-batch, so that accumulated gradients are exact.
 
@@ -276,28 +402,47 @@ def loss_weights(
     then the gradient of the global loss ``L`` of the step, over every sample ``s`` of every
     rank, with ``m`` the loss mask, ``n_s = sum_t m_st`` the loss tokens of ``s``,
     ``N = sum_s n_s``, ``S`` the number of sequences (dummies excluded) and ``W`` the size of
-    ``dp_group``:
+    ``dp_group`` (these are verl 0.9.1's ``agg_loss`` modes, over the whole global batch, with
+    ``global_batch_size=S`` as verl's trainers pass it):
 
     - ``"token-mean"``: ``L = sum_s sum_t m_st l_st / N``, so ``w_s = f / N``;
-    - ``"seq-mean-token-mean"``: ``L = (1/S) sum_s (sum_t m_st l_st) / n_s``, so
-      ``w_s = f / (S n_s)``; a sequence with no loss token contributes 0 but still counts
-      in ``S`` (as in verl, whose ``global_batch_size`` is the mini-batch size), and gets 0;
+    - ``"token-sum"``: ``L = sum_s sum_t m_st l_st``, so ``w_s = f``;
     - ``"seq-mean-token-sum"``: ``L = (1/S) sum_s sum_t m_st l_st``, so ``w_s = f / S``;
+    - ``"seq-mean-token-sum-norm"``: that divided by ``loss_scale_factor`` (``H``), so
+      ``w_s = f / (S H)``; by default ``H`` is the response horizon, the width of the loss mask
+      (``loss_mask.shape[-1]`` of the global batch padded as one: the widest mask row of every
+      micro-batch of every rank, a jagged row counting its own length);
+    - ``"seq-mean-token-mean"``: ``L = (1/S) sum_s (sum_t m_st l_st) / n_s``, so
+      ``w_s = f / (S n_s)``;
 
     where ``f = W`` for ``grad_reduction="mean"`` (DDP and FSDP average gradients: the factor
-    undoes it) and ``f = 1`` for ``"sum"``. Without a ``dp_group`` (or without an initialised
-    process group) the counts are this rank's and ``W = 1``. ``N = 0`` gives zero weights (no
-    token to learn from). Dummy micro-batches (empty index list) get zero weights.
+    undoes it) and ``f = 1`` for ``"sum"``. A sequence with no loss token contributes 0 but
+    still counts in ``S`` (verl's trainers pass the mini-batch size as ``global_batch_size``;
+    ``agg_loss`` called without it counts only sequences that have a loss token), and gets 0
+    in ``"seq-mean-token-mean"``. Without a ``dp_group`` (or without an initialised process
+    group) the counts are this rank's and ``W = 1``. ``N = 0`` gives zero weights (no token to
+    learn from). Dummy micro-batches (empty index list) get zero weights.
+
+    Groups as the unit of the mean (``force_group_size`` or ``group_ids``: a preference pair, a
+    GRPO group): in the ``seq-mean`` modes the unit ``s`` above is the group, ``S`` the number
+    of groups of every rank, ``n_s`` the loss tokens of all its members; every member gets its
+    group's weight, so each group weighs the same wherever its members sit. A loss computed per
+    group (a DPO pair's ``-log sigmoid(beta * margin)``) takes its group's weight once: with
+    ``"seq-mean-token-sum"`` and groups, ``L = (1/G) sum_g loss_g`` is the gradient of
+    ``sum_g w_g loss_g`` summed per micro-batch. A group's members must share a micro-batch
+    (the planner's ``force_group_size`` keeps them so); groups are counted per rank, never
+    matched across ranks. ``"token-mean"`` and ``"token-sum"`` do not depend on groups.
 
     Context parallel (``cp_group``: ring attention, Ulysses): the ``C`` ranks of ``cp_group``
     hold the same micro-batches and index lists (one plan, made over ``dp_group``), each with
     its own shard of every sequence's tokens and of its loss mask. Each CP rank
     back-propagates the contract's sum over its shard, and the engine reduces gradients over
-    all ``W x C`` ranks of DP x CP (FSDP over its ``dp_shard_cp`` mesh). ``n_s`` is then the
-    sum of the shards' counts over ``cp_group`` (so ``N`` and ``S`` count each sequence once,
-    not once per shard: counted over ``dp_group`` alone they would be the shards'), and
-    ``f = W x C`` for ``"mean"``; every CP rank gets the same weights. ``dp_group`` is this
-    rank's data-parallel group (one rank per replica, the same CP position), as for the plan.
+    all ``W x C`` ranks of DP x CP (FSDP over its ``dp_shard_cp`` mesh). ``n_s`` and the mask
+    widths are then the sums of the shards' over ``cp_group`` (so ``N`` and ``S`` count each
+    sequence once, not once per shard: counted over ``dp_group`` alone they would be the
+    shards'), and ``f = W x C`` for ``"mean"``; every CP rank gets the same weights.
+    ``dp_group`` is this rank's data-parallel group (one rank per replica, the same CP
+    position), as for the plan.
 
     Args:
         micro_batches: the micro-batches (TensorDicts, mappings or DataProtos), as returned by
@@ -305,8 +450,8 @@ def loss_weights(
         batch_idx_list: their index lists (``[]`` for a dummy).
         loss_mask_key: the key of the loss mask: dense ``[b, T]`` or jagged nested ``[b, j]``,
             bool or 0/1. Default ``"response_mask"`` (verl's).
-        mode: ``"token-mean"``, ``"seq-mean-token-mean"`` or ``"seq-mean-token-sum"`` (verl's
-            ``loss_agg_mode`` names). Default ``"token-mean"``.
+        mode: one of :data:`LOSS_MODES` (verl's ``loss_agg_mode`` names). Default
+            ``"token-mean"``.
         dp_group: the data-parallel process group whose samples make the step; None for one
             rank. Must be the group the gradients are reduced over.
         grad_reduction: ``"mean"`` (DDP/FSDP, over DP x CP with a ``cp_group``) or ``"sum"``.
@@ -318,23 +463,34 @@ def loss_weights(
             about 1e-7).
         cp_group: the context-parallel group whose ranks hold shards of this rank's
             sequences; None without context parallelism.
+        loss_scale_factor: ``H`` of ``"seq-mean-token-sum-norm"`` (verl's
+            ``actor.loss_scale_factor``): a number > 0, or None for the response horizon.
+            Pass a constant (the configured maximum response length) to keep the scale the same
+            from step to step.
+        force_group_size: consecutive samples ``i*g .. i*g+g-1`` of this rank's batch form a
+            group, the unit of the ``seq-mean`` modes (as the planner's ``force_group_size``).
+            Default 1: each sample is its own unit.
+        group_ids: or one hashable id per sample of this rank's batch (the indices of
+            ``batch_idx_list``); samples with equal ids form a group. Default None.
 
     Returns:
         One 1-D tensor per micro-batch (of ``dtype``), on its mask's device, a weight per row.
-        O(total tokens) for the counts; one all-reduce of ``2 + 5 + W`` int64s with a group;
-        with a ``cp_group`` of ``C`` ranks, two more over it first (``2 + 5 + C`` int64s, then
-        one per sample of this rank).
+        O(total tokens) for the counts; one all-reduce of ``2 + 6 W`` int64s with a group;
+        with a ``cp_group`` of ``C`` ranks, two more over it first (``7 C`` int64s, then two
+        per sample of this rank).
 
     Raises:
-        ValueError: (:class:`~seqbal.MicroBatchPlanError`) a bad ``mode`` or
-            ``grad_reduction``, a missing key, a mask that is not ``[b, T]`` or not 0/1, a
-            row count that differs from the index list, or as many micro-batches as index
+        ValueError: (:class:`~seqbal.MicroBatchPlanError`) a bad ``mode``, ``grad_reduction``
+            or ``loss_scale_factor``, a missing key, a mask that is not ``[b, T]`` or not 0/1,
+            a row count that differs from the index list, or as many micro-batches as index
             lists not given; index lists that do not name this rank's samples ``0..n-1``
-            once each (dummies aside); a ``dtype`` that is not a floating torch.dtype; ranks
-            that pass different ``mode`` or ``grad_reduction``; CP ranks holding different
-            numbers of samples. With groups every rank of DP x CP raises together (a rank
-            whose own input was fine names the failing rank, or the rank of its DP group
-            whose CP group failed).
+            once each (dummies aside); a ``dtype`` that is not a floating torch.dtype; bad
+            groups (``force_group_size`` not dividing the samples, both descriptions, ids of
+            the wrong length, a group split over micro-batches); ranks that pass different
+            ``mode``, ``grad_reduction``, ``loss_scale_factor`` or groups on some ranks only;
+            CP ranks holding different numbers of samples or groups. With groups every rank of
+            DP x CP raises together (a rank whose own input was fine names the failing rank, or
+            the rank of its DP group whose CP group failed).
 
     Examples:
         >>> from tensordict import TensorDict
@@ -346,6 +502,11 @@ def loss_weights(
         [[0.1111111119389534], [0.3333333432674408, 0.0]]
         >>> loss_weights(mbs, [[1], [0, 2]], mode="seq-mean-token-mean", dtype=torch.float64)[0].tolist()
         [0.1111111111111111]
+        >>> [w.tolist() for w in loss_weights(mbs, [[1], [0, 2]], mode="seq-mean-token-sum-norm")]  # 3 x 4
+        [[0.0833333358168602], [0.0833333358168602, 0.0833333358168602]]
+        >>> pairs = [TensorDict({"response_mask": torch.ones(4, 2)}, [4])]  # samples 0-1, 2-3: two pairs
+        >>> loss_weights(pairs, [[0, 1, 2, 3]], mode="seq-mean-token-sum", force_group_size=2)[0].tolist()
+        [0.5, 0.5, 0.5, 0.5]
     """
     _check_dp_group(dp_group)
     _check_cp_group(cp_group)
@@ -354,11 +515,12 @@ def loss_weights(
     sync = dp_group is not None and collectives.is_sync_mode(dp_group, True)
     cp_sync = cp_group is not None and collectives.is_sync_mode(cp_group, True)
     problem: Optional[Exception] = None
-    tokens: list[Optional[torch.Tensor]] = []
-    targets: list[tuple[torch.device, torch.dtype]] = []
-    rows: list[int] = []
+    local = _NOTHING
+    fingerprint = [0] * len(_ARGUMENTS)
     try:
-        tokens, rows, targets = _local_counts(micro_batches, batch_idx_list, loss_mask_key, mode, grad_reduction, dtype)
+        factor_bits = _check_arguments(mode, grad_reduction, loss_scale_factor)
+        local = _local_counts(micro_batches, batch_idx_list, loss_mask_key, dtype, force_group_size, group_ids)
+        fingerprint = _fingerprint(mode, grad_reduction, local.grouped, factor_bits)
     except MicroBatchPlanError as error:
         problem = error
     except Exception as error:  # noqa: BLE001 - in sync mode even a surprise must reach the peers
@@ -367,42 +529,33 @@ def loss_weights(
         problem = MicroBatchPlanError(f"the micro-batches could not be read: {type(error).__name__}: {error}",
                                       MicroBatchPlanError.BAD_BATCH)
         problem.__cause__ = error
+    if problem is not None:
+        local, fingerprint = _NOTHING, [0] * len(_ARGUMENTS)
     cp_world = 1
     if cp_sync:  # every rank of cp_group calls this, whatever its own input
-        tokens, problem, cp_world = _context_parallel_counts(tokens, problem, mode, grad_reduction, cp_group)
-    local_tokens = sum(int(t.sum()) for t in tokens if t is not None) if problem is None else 0
-    local_sequences = sum(len(t) for t in tokens if t is not None) if problem is None else 0
+        local, problem, cp_world = _context_parallel_counts(local, problem, fingerprint, cp_group)
+    if problem is not None:
+        local, fingerprint = _NOTHING, [0] * len(_ARGUMENTS)
+    local_tokens = sum(int(t.sum()) for t in local.tokens if t is not None)
     if not sync:
         if problem is not None:
             raise problem
-        world, global_tokens, global_sequences = 1, local_tokens, local_sequences
+        world, global_tokens, global_units, widest = 1, local_tokens, local.units, local.max_width()
     else:
         agreed = collectives.sum_with_error(
-            [local_tokens, local_sequences, *_choices(problem is None, mode, grad_reduction)],
-            problem.code if problem is not None else 0, dp_group,
+            [local_tokens, local.units], problem.code if problem is not None else 0, dp_group,
+            per_rank=[*fingerprint, local.max_width()],
         )
         world = agreed.world_size
         if agreed.error_code:
             if problem is not None:
                 raise problem
             raise _peer_error(agreed.error_code, _rank_name(dp_group, agreed.error_rank))
-        mismatch = _mismatched(agreed.sums[2:], world, "the data-parallel group")
+        mismatch = _mismatched([row[:len(_ARGUMENTS)] for row in agreed.per_rank], "the data-parallel group")
         if mismatch is not None:
             raise mismatch
-        global_tokens, global_sequences = agreed.sums[0], agreed.sums[1]
+        global_tokens, global_units = agreed.sums
+        widest = max(row[len(_ARGUMENTS)] for row in agreed.per_rank)
     factor = float(world * cp_world if grad_reduction == "mean" else 1)
-    weights = []
-    for counts, n_rows, (device, weight_dtype) in zip(tokens, rows, targets):
-        if counts is None:  # a dummy micro-batch
-            weights.append(torch.zeros(n_rows, dtype=weight_dtype, device=device))
-            continue
-        counts = counts.to(torch.float64)
-        if mode == "token-mean":
-            scale = factor / global_tokens if global_tokens else 0.0
-            weight = torch.full_like(counts, scale)
-        elif mode == "seq-mean-token-mean":
-            weight = torch.where(counts > 0, factor / (global_sequences * counts.clamp(min=1)), torch.zeros_like(counts))
-        else:  # seq-mean-token-sum
-            weight = torch.full_like(counts, factor / global_sequences)
-        weights.append(weight.to(device=device, dtype=weight_dtype))
-    return weights
+    horizon = float(loss_scale_factor) if loss_scale_factor is not None else float(widest)
+    return _weights(local, mode, factor, global_tokens, global_units, horizon)

@@ -51,6 +51,35 @@ def step(rank: int, mode: str, reduction: str, groups: dict, with_cp: bool) -> d
     return {"gradient": gradient.tolist(), "indices": indices}
 
 
+def pair_step(rank: int, reduction: str, groups: dict) -> dict:
+    """The pairwise loss under context parallelism: each CP rank scores its shard of every
+    sample, the full scores are summed over ``cp_group`` (gradient through this rank's shard
+    only, so that the CP ranks' gradients add up to the whole sample's), and each pair's loss is
+    weighted by its group's weight."""
+    replica, cp_rank = divmod(rank, CP)
+    micro_batches, indices = seqbal.rearrange_micro_batches(
+        base.pair_batch(replica), base.PAIR_CAP, dp_group=groups["dp"], dummy_micro_batches=True, force_group_size=2
+    )
+    shards = [shard(micro_batch, cp_rank) for micro_batch in micro_batches]
+    weights = seqbal.loss_weights(
+        shards, indices, loss_mask_key="loss_mask", mode="seq-mean-token-sum", dp_group=groups["dp"],
+        grad_reduction=reduction, dtype=torch.float64, cp_group=groups["cp"], force_group_size=2,
+    )
+    theta = base.parameters().requires_grad_(True)
+    for piece, weight in zip(shards, weights):
+        own = -(base.token_loss(theta, piece["features"]) * piece["loss_mask"]).sum(-1)
+        whole = own.detach().clone()
+        dist.all_reduce(whole, group=groups["cp"])
+        scores = own + (whole - own.detach())
+        losses = -torch.nn.functional.logsigmoid(base.BETA * (scores[0::2] - scores[1::2]))
+        (losses * weight[0::2]).sum().backward()
+    gradient = theta.grad.clone()
+    dist.all_reduce(gradient)
+    if reduction == "mean":
+        gradient /= DP * CP
+    return {"gradient": gradient.tolist(), "indices": indices}
+
+
 def error_scenario(rank: int, kind: str, groups: dict) -> dict:
     replica, cp_rank = divmod(rank, CP)
     micro_batches, indices = seqbal.rearrange_micro_batches(
@@ -80,6 +109,8 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             for reduction in ("mean", "sum"):
                 records[f"{mode}/{reduction}"] = step(rank, mode, reduction, groups, with_cp=True)
                 records[f"{mode}/{reduction}/dp-only"] = step(rank, mode, reduction, groups, with_cp=False)
+        for reduction in ("mean", "sum"):
+            records[f"pairs/{reduction}"] = pair_step(rank, reduction, groups)
         for kind in ("missing_key", "more_samples"):
             records[f"error/{kind}"] = error_scenario(rank, kind, groups)
         dist.destroy_process_group()

@@ -50,3 +50,45 @@ def test_the_plugin_class_needs_axolotl_only_when_looked_up():
 
         plugin = load_plugin(seqbal_axolotl.PLUGIN)  # axolotl's own loader, as for plugins: in the YAML
         assert isinstance(plugin, BasePlugin) and plugin.get_input_args() == "seqbal.integrations.axolotl.SeqbalArgs"
+
+
+BALANCE_LABELS = r"balance_labels: true asks axolotl to balance supervised tokens .* set balance_labels: false"
+
+
+def test_balance_labels_with_sample_packing_is_refused_before_the_trainer_is_touched():
+    """axolotl 0.21's label balancing lives in its packing sampler, which the plug-in replaces:
+    the two together are an error naming balance_labels, not a silent loss of the balancing."""
+    cfg = {"sample_packing": True, "balance_labels": True, "micro_batch_size": 2, "sequence_len": 64}
+    with pytest.raises(ValueError, match=BALANCE_LABELS):
+        seqbal_axolotl.enable(object(), cfg)  # raises before it reads the trainer
+    # without packing (or when streaming) the plug-in does nothing, and axolotl balances as usual
+    assert seqbal_axolotl.enable(object(), {**cfg, "sample_packing": False}) == {}
+    assert seqbal_axolotl.enable(object(), {**cfg, "pretraining_dataset": "stream"}) == {}
+    seqbal_axolotl.refuse_balance_labels({**cfg, "balance_labels": False})
+
+
+def test_the_config_schema_refuses_balance_labels_when_axolotl_validates_it():
+    """The plug-in's config model is merged into axolotl's schema: its check runs at validation,
+    on the merged config's fields, before any model is loaded."""
+    pydantic = pytest.importorskip("pydantic")
+    args = seqbal_axolotl.SeqbalArgs
+
+    class Merged(args):  # what axolotl's merge does: its schema with the plug-ins' models as bases
+        sample_packing: bool = False
+        balance_labels: bool = False
+
+    assert Merged(sample_packing=True).sample_packing
+    with pytest.raises(pydantic.ValidationError, match=BALANCE_LABELS):
+        Merged(sample_packing=True, balance_labels=True)
+    assert Merged(balance_labels=True).balance_labels  # no packing: axolotl's own balancing stays
+
+
+def test_balance_labels_on_axolotls_own_config_object():
+    """The same refusal on the DictDefault axolotl hands plug-ins, with the key set as axolotl 0.21's
+    validated config carries it (axolotl 0.19.0's own schema has no balance_labels and drops the key
+    from a YAML config, so under 0.19.0 the setting never reaches a trainer at all)."""
+    DictDefault = pytest.importorskip("axolotl.utils.dict").DictDefault
+    cfg = DictDefault({"sample_packing": True, "balance_labels": True, "micro_batch_size": 1, "sequence_len": 32})
+    with pytest.raises(ValueError, match=BALANCE_LABELS):
+        seqbal_axolotl.enable(object(), cfg)
+    seqbal_axolotl.refuse_balance_labels(DictDefault({"sample_packing": True}))  # unset: a DictDefault's None

@@ -45,7 +45,7 @@ from ..epochs.sampler import TokenBudgetBatchSampler
 from ..validation import int_argument, is_int
 from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
-__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "enable", "disable", "workload_fn_setting"]
+__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "refuse_balance_labels", "enable", "disable", "workload_fn_setting"]
 
 #: How the plug-in is named in axolotl's YAML ``plugins:`` list.
 PLUGIN = "seqbal.integrations.axolotl.SeqbalPlugin"
@@ -136,6 +136,32 @@ def _forward_takes_loss_kwargs(model: Any) -> bool:
     return any(p.kind == inspect.Parameter.VAR_KEYWORD or p.name == "num_items_in_batch" for p in parameters)
 
 
+def refuse_balance_labels(cfg: Any) -> None:
+    """Raise where ``cfg`` asks axolotl to balance supervised tokens while the plug-in packs.
+
+    axolotl 0.21's ``balance_labels`` balances micro-batches, accumulation windows and ranks on
+    supervised tokens (``labels != -100``) in its own packing sampler; with sample packing the
+    plug-in returns its own sampler instead (balanced on tokens, under the hard cap), which would
+    silently drop that balancing. So the two are refused together, never combined in silence.
+    Without sample packing (or when streaming a pretraining dataset) the plug-in does nothing
+    and axolotl's ``balance_labels`` applies as usual. O(1).
+
+    Raises:
+        ValueError: ``balance_labels`` set with ``sample_packing`` (and no pretraining dataset).
+
+    Examples:
+        >>> refuse_balance_labels({"sample_packing": True, "balance_labels": False})
+        >>> refuse_balance_labels({"sample_packing": False, "balance_labels": True})
+    """
+    if _get(cfg, "balance_labels") and _get(cfg, "sample_packing") and not _get(cfg, "pretraining_dataset"):
+        raise ValueError(
+            "balance_labels: true asks axolotl to balance supervised tokens (labels != -100) across micro-batches, "
+            "accumulation windows and ranks with its own packing sampler, which seqbal's plug-in replaces with its "
+            "token-budget sampler (tokens balanced under a hard cap, not supervised tokens): set balance_labels: "
+            "false to pack with seqbal, or remove the plug-in to keep axolotl's label balancing"
+        )
+
+
 def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
     """Put seqbal in charge of ``trainer``'s packed training dataloader and loss normalisation
     (what the plug-in does at ``post_trainer_create``; for code that builds the trainer itself
@@ -155,13 +181,15 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
         the settings applied (empty when nothing was done).
 
     Raises:
-        ValueError: an invalid cap; a ``seqbal_workload_fn`` that does not import or is not a
-            workload model; ``multipack_real_batches`` (several rows per micro-batch is
+        ValueError: an invalid cap; ``balance_labels`` (see :func:`refuse_balance_labels`); a
+            ``seqbal_workload_fn`` that does not import or is not a workload model;
+            ``multipack_real_batches`` (several rows per micro-batch is
             axolotl's own mode, not planned here); ``seqbal_token_mean_loss`` with a model whose
             ``forward`` cannot take ``num_items_in_batch`` and no ``compute_loss_func``.
     """
     if not _get(cfg, "sample_packing") or _get(cfg, "pretraining_dataset"):
         return {}
+    refuse_balance_labels(cfg)
     if _get(cfg, "multipack_real_batches"):
         raise ValueError("seqbal's axolotl plug-in plans one packed row per micro-batch; multipack_real_batches=True "
                          "asks for micro_batch_size rows of sequence_len tokens: turn it off (or the plug-in)")
@@ -229,10 +257,11 @@ def disable(trainer: Any) -> bool:
 def _input_args_class() -> type:
     """The plug-in's config keys, a pydantic model axolotl merges into its config schema."""
     if "args" not in _classes:
-        from pydantic import BaseModel, Field
+        from pydantic import BaseModel, Field, model_validator
 
         class SeqbalArgs(BaseModel):
-            """seqbal's settings in axolotl's YAML config."""
+            """seqbal's settings in axolotl's YAML config (merged into axolotl's config schema, so
+            its check runs when axolotl validates the config, before any model is loaded)."""
 
             seqbal_max_token_len: Optional[int] = Field(
                 default=None, description="Hard cap on the tokens of every packed micro-batch (one row); default "
@@ -244,6 +273,12 @@ def _input_args_class() -> type:
             seqbal_token_mean_loss: Optional[bool] = Field(
                 default=None, description="Normalise the loss by the step's label tokens over all micro-batches and "
                 "ranks (the step's global token mean); default true.")
+
+            @model_validator(mode="after")
+            def _no_label_balancing_under_seqbal(self):  # noqa: ANN202 - pydantic's hook
+                refuse_balance_labels({name: getattr(self, name, None)
+                                       for name in ("balance_labels", "sample_packing", "pretraining_dataset")})
+                return self
 
         SeqbalArgs.__module__ = __name__
         _classes["args"] = SeqbalArgs
