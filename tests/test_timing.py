@@ -229,3 +229,24 @@ def test_recorder_pools_two_gloo_ranks_bit_for_bit(tmp_path):
             alone.record(lengths, seconds)
     assert [float(v).hex() for v in alone.fit().model.coefficients] == ranks[0]["coefficients"]
     assert ranks[0]["small"] == ranks[1]["small"] and "1 record(s) on ranks:2" in ranks[0]["small"]
+
+
+def test_memory_calibrate_fits_time_from_the_same_probes(tmp_path):
+    from seqbal.memory import Calibration, calibrate as memory_calibrate
+
+    fake = Fake()
+
+    def meter(run):
+        run()
+        s = np.asarray(fake.calls[-1])
+        return int(10_000 + 64 * s.sum() + 2 * (s * s).sum())
+
+    cal = memory_calibrate(fake.step, 50_000_000, meter=meter, time=True, timer=fake.timer)
+    metered = [p.lengths for p in cal.probes if p.peak_bytes]
+    assert [p.lengths for p in cal.timing.probes] == metered and len(metered) >= 4
+    assert np.allclose(cal.timing.model.coefficients, TRUE.coefficients, rtol=1e-6, atol=1e-12)
+    assert cal.timing.repeats == 3 and cal.timing.clock == "custom timer"
+    cal.save(tmp_path / "both.json")
+    assert Calibration.load(tmp_path / "both.json").timing == cal.timing
+    assert cal.rebudget(40_000_000).timing == cal.timing
+    assert memory_calibrate(fake.step, 50_000_000, meter=meter).timing is None
