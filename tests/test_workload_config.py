@@ -146,3 +146,24 @@ def test_missing_or_bad_fields_are_value_errors():
         workload_from_config({**SMALL, "num_experts": 4})
     with pytest.raises(ValueError, match="beyond this workload's exact range"):
         workload_from_config(SMALL)([2**40])
+
+
+def test_cli_plans_with_a_model_config_and_prints_its_coefficients(tmp_path, capsys):
+    from seqbal.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL))
+    assert main(["plan", "--model-config", str(path), "--dp", "2", "--route", "schedule", "--compare", "off"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "workload: forward FLOPs of" in out and "135,936 per token + 256 per token^2" in out
+    assert main(["plan", "--model-config", str(path), "--dp", "2", "--compare", "off", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"]["per_token"] == 135_936 and report["workload"]["per_token_squared"] == 256
+    assert report["workload"]["unit"] == 256
+    assert main(["plan", "--dp", "2", "--compare", "off", "--json"]) == 0
+    assert "workload" not in json.loads(capsys.readouterr().out)  # the default stays the default
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hidden_size": 64}))
+    assert main(["plan", "--model-config", str(bad)]) == 2
+    assert "--model-config" in capsys.readouterr().err
+    assert main(["plan", "--model-config", str(tmp_path / "missing.json")]) == 2
