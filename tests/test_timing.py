@@ -250,3 +250,19 @@ def test_memory_calibrate_fits_time_from_the_same_probes(tmp_path):
     assert Calibration.load(tmp_path / "both.json").timing == cal.timing
     assert cal.rebudget(40_000_000).timing == cal.timing
     assert memory_calibrate(fake.step, 50_000_000, meter=meter).timing is None
+
+
+def test_recorder_live_workload_follows_the_latest_fit():
+    from seqbal import calculate_workload
+
+    recorder = Recorder()
+    live = recorder.workload_fn
+    assert live([10, 1000]).tolist() == calculate_workload([10, 1000]).tolist()  # before any fit: the default
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        lengths = rng.integers(1, 4000, int(rng.integers(1, 9))).tolist()
+        recorder.record(lengths, TRUE.predict(lengths))
+    fitted = recorder.fit()
+    assert recorder.workload_fn is live and live([10, 1000]).tolist() == fitted.workload_fn([10, 1000]).tolist()
+    schedule = build_dp_schedule([4000, 10, 10, 1000, 1000, 1000], 2, 4096, workload_fn=live)
+    assert sorted(i for r in schedule.rank_indices for i in r) == list(range(6))

@@ -11,9 +11,16 @@ IEEE-754 machine), so every rank gets the same coefficients without a second col
 record is its lengths and seconds; a rank keeps its ``max_records`` most recent, so the pool is
 bounded and follows the run (a model whose kernels warm up, a changed sequence length).
 
-On CUDA, :meth:`Recorder.timed` records two events around the micro-batch and reads their time
-only when the records are needed (:meth:`Recorder.fit`, or when more than ``max_pending`` are
-unread): timing a run costs no synchronisation per micro-batch.
+On CUDA, :meth:`Recorder.timed` (or :meth:`Recorder.record_events`, for a micro-batch whose
+start and end are in different functions) keeps the two events around the micro-batch and reads
+their time only when the records are needed (:meth:`Recorder.fit`, or when more than
+``max_pending`` are unread): timing a run costs no synchronisation per micro-batch.
+
+"The next steps plan with it": :attr:`Recorder.workload_fn` is a live workload, lengths -> the
+latest fit's workloads (seqbal's default formula before the first fit). Install it once where a
+planner takes ``workload_fn=``; every rank calls :meth:`Recorder.fit` at the same step (it is
+a collective), every rank's live workload changes at that step to the same coefficients, so the
+ranks keep planning alike.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ class Recorder:
         (4, 'recorder')
         >>> fitted.predict([400, 400]) > fitted.predict([100])
         True
+        >>> recorder.workload_fn([100]).tolist() == fitted.workload_fn([100]).tolist()  # follows the latest fit
+        True
     """
 
     def __init__(self, *, max_records: int = 2048, skip: int = 0, max_pending: int = 256) -> None:
@@ -57,6 +66,8 @@ class Recorder:
         self._records: deque[tuple[tuple[int, ...], float]] = deque(maxlen=max_records)
         self._pending: deque[tuple[tuple[int, ...], Any, Any]] = deque()
         self._seen = 0
+        self.fitted: Optional[TimeCalibration] = None
+        self.workload_fn = _LiveWorkload(self)
 
     def __len__(self) -> int:
         """Records kept on this rank (pending CUDA timings included)."""
@@ -101,13 +112,19 @@ class Recorder:
             start.record()
             yield
             end.record()
-            self._pending.append((values, start, end))
-            while len(self._pending) > self.max_pending:
-                self._read_one()
+            self.record_events(values, start, end)
             return
         begin = time.thread_time()
         yield
         self.record(values, time.thread_time() - begin)
+
+    def record_events(self, lengths: Sequence[int], start: Any, end: Any) -> None:
+        """Add one micro-batch timed by two recorded CUDA events (``torch.cuda.Event(enable_timing=True)``);
+        their time is read later, without a synchronisation now."""
+        values = tuple(int(s) for s in (lengths.tolist() if hasattr(lengths, "tolist") else lengths))
+        self._pending.append((values, start, end))
+        while len(self._pending) > self.max_pending:
+            self._read_one()
 
     def _read_one(self) -> None:
         values, start, end = self._pending.popleft()
@@ -159,5 +176,31 @@ class Recorder:
             raise ValueError(f"the recorder holds {len(pooled)} record(s) on {where}, fewer than min_records "
                              f"{max(2, min_records)}: record more micro-batches before fitting")
         probes = [TimedProbe(lengths, seconds, "recorded") for lengths, seconds in pooled]
-        return fit_probes(probes, device=where if where != "this rank" else "local", clock="recorded",
-                          repeats=1, warmup=0, source="recorder")
+        fitted = fit_probes(probes, device=where if where != "this rank" else "local", clock="recorded",
+                            repeats=1, warmup=0, source="recorder")
+        self.fitted = fitted
+        return fitted
+
+
+class _LiveWorkload:
+    """lengths -> the workloads of the recorder's latest fit (:func:`seqbal.calculate_workload`
+    before the first). Equal to another live workload when both give the same coefficients."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+
+    def current(self) -> Any:
+        fitted = self._recorder.fitted
+        if fitted is None:
+            from ...workload import calculate_workload
+
+            return calculate_workload
+        return fitted.workload_fn
+
+    def __call__(self, seqlens: Any) -> Any:
+        return self.current()(seqlens)
+
+    def __repr__(self) -> str:
+        fitted = self._recorder.fitted
+        return "Recorder.workload_fn(default formula until the first fit)" if fitted is None else (
+            f"Recorder.workload_fn({fitted.workload_fn})")
