@@ -3,9 +3,9 @@
     python -m benchmarks.timing                  # CPU, both attention kinds, the real lists
     python -m benchmarks.timing --quick          # seconds: a smaller model, one list
 
-For each attention kind: :func:`seqbal.timing.calibrate` on the model's step (probes within the
-shipped Qwen2.5-Math rollouts' range, up to the cap), timed with its wall time and the CPU time
-of the process; then, for each real length list (``benchmarks/workloads.py``; the shipped
+For each attention kind: :func:`seqbal.timing.calibrate` on the model's step (synthetic probes
+for any lengths, up to the cap: every list below is held out), timed with its wall time and the
+CPU time of the process; then, for each real length list (``benchmarks/workloads.py``; the shipped
 sample when the others are absent), ``--samples`` lengths drawn from it are planned with
 ``build_dp_schedule(..., workload_fn=cal.workload_fn)`` over ``--ranks`` ranks, and
 micro-batches of that plan (none of them a probe: held out) are timed with the same clock,
@@ -56,7 +56,7 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
     model = TinyLM(hidden=args.hidden, heads=args.heads, layers=args.layers, attention=kind)
     step = make_step(model)
     lists = real_lists(args.quick)
-    probe_lengths = np.minimum(next(iter(lists.values())), args.cap)
+    probe_lengths = np.minimum(next(iter(lists.values())), args.cap) if args.probe_lengths == "shipped" else None
     wall, cpu = time.perf_counter(), time.process_time()
     cal = calibrate(step, lengths=probe_lengths, max_token_len=args.cap, probes=args.probes, repeats=args.repeats,
                     device="cpu")
@@ -81,6 +81,8 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
         "held_out": len(rows), "median_error": statistics.median(errors), "worst_error": max(errors),
         "worst_over": max(r["error"] for r in rows), "worst_under": min(r["error"] for r in rows),
         "rows": rows,
+        "probes": [{"shape": p.shape, "sequences": len(p.lengths), "tokens": sum(p.lengths), "seconds": p.seconds,
+                    "error": cal.predict(p.lengths) / p.seconds - 1} for p in cal.probes],
     }
 
 
@@ -97,6 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=160)
     parser.add_argument("--held-out", type=int, default=12, help="micro-batches timed per list")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-lengths", choices=("none", "shipped"), default="none",
+                        help="calibrate on synthetic probes for any lengths (none, the default: every list is held "
+                             "out) or within the shipped rollouts' range")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--verbose", action="store_true", help="print every held-out micro-batch")
@@ -119,6 +124,9 @@ def main(argv=None) -> int:
               f"{r['worst_under']:>+7.1%}")
         if args.verbose:
             print("  " + r["explain"])
+            for probe in r["probes"]:
+                print(f"    probe {probe['shape']:<8} n={probe['sequences']:>3} tokens={probe['tokens']:>5} "
+                      f"{probe['seconds']:.4f}s ({probe['error']:+.1%})")
             for row in r["rows"]:
                 print(f"    {row['list']:<24} n={row['sequences']:>3} tokens={row['tokens']:>5} "
                       f"{row['seconds']:.4f}s predicted {row['predicted']:.4f}s ({row['error']:+.1%})")
