@@ -53,7 +53,7 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
     from seqbal.timing import calibrate, time_step
 
     torch.manual_seed(0)
-    model = TinyLM(hidden=args.hidden, heads=args.heads, layers=args.layers, attention=kind)
+    model = TinyLM(hidden=args.hidden, heads=args.heads, layers=args.layers, attention=kind, packing=args.packing)
     step = make_step(model)
     lists = real_lists(args.quick)
     probe_lengths = np.minimum(next(iter(lists.values())), args.cap) if args.probe_lengths == "shipped" else None
@@ -81,7 +81,7 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
         "held_out": len(rows), "median_error": statistics.median(errors), "worst_error": max(errors),
         "worst_over": max(r["error"] for r in rows), "worst_under": min(r["error"] for r in rows),
         "rows": rows,
-        "probes": [{"shape": p.shape, "sequences": len(p.lengths), "tokens": sum(p.lengths), "seconds": p.seconds,
+        "probe_rows": [{"shape": p.shape, "sequences": len(p.lengths), "tokens": sum(p.lengths), "seconds": p.seconds,
                     "error": cal.predict(p.lengths) / p.seconds - 1} for p in cal.probes],
     }
 
@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     parser.add_argument("--samples", type=int, default=160)
     parser.add_argument("--held-out", type=int, default=12, help="micro-batches timed per list")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--packing", choices=("split", "slices"), default="split",
+                        help="how the tiny model cuts sequences from the packed tokens (benchmarks/tiny_lm.py)")
     parser.add_argument("--probe-lengths", choices=("none", "shipped"), default="none",
                         help="calibrate on synthetic probes for any lengths (none, the default: every list is held "
                              "out) or within the shipped rollouts' range")
@@ -124,7 +126,7 @@ def main(argv=None) -> int:
               f"{r['worst_under']:>+7.1%}")
         if args.verbose:
             print("  " + r["explain"])
-            for probe in r["probes"]:
+            for probe in r["probe_rows"]:
                 print(f"    probe {probe['shape']:<8} n={probe['sequences']:>3} tokens={probe['tokens']:>5} "
                       f"{probe['seconds']:.4f}s ({probe['error']:+.1%})")
             for row in r["rows"]:
