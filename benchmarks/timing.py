@@ -2,6 +2,7 @@
 
     python -m benchmarks.timing                  # CPU, both attention kinds, the real lists
     python -m benchmarks.timing --quick          # seconds: a smaller model, one list
+    python -m benchmarks.timing --hidden 256 --heads 4 --layers 4 --held-out 4   # a larger model
 
 For each attention kind: :func:`seqbal.timing.calibrate` on the model's step (synthetic probes
 for any lengths, up to the cap: every list below is held out), timed with its wall time and the
@@ -89,15 +90,15 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", default="eager,sdpa")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--cap", type=int, default=4096)
     parser.add_argument("--probes", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--samples", type=int, default=160)
-    parser.add_argument("--held-out", type=int, default=12, help="micro-batches timed per list")
+    parser.add_argument("--held-out", type=int, default=8, help="micro-batches timed per list")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--packing", choices=("split", "slices"), default="split",
                         help="how the tiny model cuts sequences from the packed tokens (benchmarks/tiny_lm.py)")

@@ -266,3 +266,15 @@ def test_recorder_live_workload_follows_the_latest_fit():
     assert recorder.workload_fn is live and live([10, 1000]).tolist() == fitted.workload_fn([10, 1000]).tolist()
     schedule = build_dp_schedule([4000, 10, 10, 1000, 1000, 1000], 2, 4096, workload_fn=live)
     assert sorted(i for r in schedule.rank_indices for i in r) == list(range(6))
+
+
+def test_timing_benchmark_quick_runs(tmp_path):
+    pytest.importorskip("torch")
+    from benchmarks import timing as bench
+
+    out = tmp_path / "timing.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["kind"] == "sdpa" and 4 <= result["probes"] <= 24 and result["held_out"] == 4
+    assert result["step_calls"] == 1 + 3 * result["probes"]  # one warm-up call, three timed calls per probe
+    assert all(np.isfinite(row["error"]) and row["seconds"] > 0 for row in result["rows"])
