@@ -278,3 +278,14 @@ def test_timing_benchmark_quick_runs(tmp_path):
     assert result["kind"] == "sdpa" and 4 <= result["probes"] <= 24 and result["held_out"] == 4
     assert result["step_calls"] == 1 + 3 * result["probes"]  # one warm-up call, three timed calls per probe
     assert all(np.isfinite(row["error"]) and row["seconds"] > 0 for row in result["rows"])
+
+
+def test_a_fit_without_per_sequence_cost_leaves_the_live_workload():
+    from seqbal import calculate_workload
+
+    recorder = Recorder()
+    for lengths in ([10], [20, 30], [400], [5] * 9, [100, 100], [7], [3000], [50] * 4):
+        recorder.record(lengths, 0.01)  # the same time whatever the lengths: only a fixed cost
+    fitted = recorder.fit()
+    assert fitted.model.sequence_seconds(1000) == 0 and recorder.fitted is None
+    assert recorder.workload_fn([10, 1000]).tolist() == calculate_workload([10, 1000]).tolist()

@@ -17,7 +17,9 @@ their time only when the records are needed (:meth:`Recorder.fit`, or when more 
 ``max_pending`` are unread): timing a run costs no synchronisation per micro-batch.
 
 "The next steps plan with it": :attr:`Recorder.workload_fn` is a live workload, lengths -> the
-latest fit's workloads (seqbal's default formula before the first fit). Install it once where a
+latest fit's workloads (seqbal's default formula before the first fit; a fit whose time does not
+grow with the lengths, only ``fixed``, cannot weigh sequences and leaves it as it was, on every
+rank alike). Install it once where a
 planner takes ``workload_fn=``; every rank calls :meth:`Recorder.fit` at the same step (it is
 a collective), every rank's live workload changes at that step to the same coefficients, so the
 ranks keep planning alike.
@@ -32,6 +34,7 @@ from collections import deque
 from typing import Any, Iterator, Optional, Sequence
 
 from .calibration import TimeCalibration, TimedProbe, fit_probes
+from .model import REFERENCE_LENGTH
 
 __all__ = ["Recorder"]
 
@@ -178,7 +181,8 @@ class Recorder:
         probes = [TimedProbe(lengths, seconds, "recorded") for lengths, seconds in pooled]
         fitted = fit_probes(probes, device=where if where != "this rank" else "local", clock="recorded",
                             repeats=1, warmup=0, source="recorder")
-        self.fitted = fitted
+        if fitted.model.sequence_seconds(REFERENCE_LENGTH) > 0:  # a fit that can weigh sequences
+            self.fitted = fitted
         return fitted
 
 
