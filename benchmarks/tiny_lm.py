@@ -10,6 +10,12 @@ sequence alone (what varlen kernels do). Two attention kinds:
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(..., is_causal=True)``, whose
   fused kernels keep no score matrix (linear memory on the CPU's flash kernel and on CUDA).
 
+How each sequence's window is cut from the packed tokens: ``packing="slices"`` (the default)
+indexes a window per sequence, whose backward adds a full-size zero gradient per sequence (a
+cost of sequences x tokens that no varlen kernel has); ``packing="split"`` cuts them with one
+``split``, whose backward is one concatenation, as a varlen kernel's cost grows (the timing
+benchmark uses it).
+
 ``step(lengths)`` runs one forward and backward on random tokens of those lengths and leaves
 no gradient behind (``zero_grad(set_to_none=True)``), the contract of
 :func:`seqbal.memory.calibrate`.
@@ -28,9 +34,9 @@ ATTENTION_KINDS = ("eager", "sdpa")
 
 
 class _Block(nn.Module):
-    def __init__(self, hidden: int, heads: int, attention: str) -> None:
+    def __init__(self, hidden: int, heads: int, attention: str, packing: str = "slices") -> None:
         super().__init__()
-        self.heads, self.attention = heads, attention
+        self.heads, self.attention, self.packing = heads, attention, packing
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
@@ -49,10 +55,14 @@ class _Block(nn.Module):
         t, hidden = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(t, 3, self.heads, hidden // self.heads).permute(1, 2, 0, 3)
         pieces, start = [], 0
-        for s in lengths:  # one sequence at a time, as a varlen kernel sees them; 4-D for the fused kernels
-            window = slice(start, start + s)
-            pieces.append(self._attend(q[None, :, window], k[None, :, window], v[None, :, window])[0])
-            start += s
+        if self.packing == "split":  # one cut, one concatenation in the backward
+            for qs, ks, vs in zip(q.split(list(lengths), 1), k.split(list(lengths), 1), v.split(list(lengths), 1)):
+                pieces.append(self._attend(qs[None], ks[None], vs[None])[0])
+        else:
+            for s in lengths:  # one sequence at a time, as a varlen kernel sees them; 4-D for the fused kernels
+                window = slice(start, start + s)
+                pieces.append(self._attend(q[None, :, window], k[None, :, window], v[None, :, window])[0])
+                start += s
         attended = torch.cat(pieces, dim=1).transpose(0, 1).reshape(t, hidden)
         x = x + self.out(attended)
         return x + self.down(F.gelu(self.up(self.norm2(x))))
@@ -63,13 +73,15 @@ class TinyLM(nn.Module):
     cross-entropy within each sequence."""
 
     def __init__(self, vocab: int = 2048, hidden: int = 128, heads: int = 2, layers: int = 2,
-                 attention: str = "eager") -> None:
+                 attention: str = "eager", packing: str = "slices") -> None:
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if packing not in ("slices", "split"):
+            raise ValueError(f"packing must be 'slices' or 'split', got {packing!r}")
         self.vocab = vocab
         self.embed = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(_Block(hidden, heads, attention) for _ in range(layers))
+        self.blocks = nn.ModuleList(_Block(hidden, heads, attention, packing) for _ in range(layers))
         self.norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
 

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .. import __version__
 from .lengths import InputError, MAX_INT64, read_lengths
@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                            "micro-batch of FILE's lengths is predicted within BYTES less the calibration's margin")
     plan.add_argument("--calibration", metavar="FILE.json",
                       help="a calibration saved by seqbal.memory.calibrate(...).save(FILE.json)")
+    plan.add_argument("--model-config", metavar="CONFIG.json",
+                      help="balance on the forward FLOPs of this transformers config.json (seqbal.workload_from_config) "
+                           "instead of the default 24576 * s + s^2, and print its coefficients")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
     plan.add_argument("-q", "--quiet", action="store_true",
                       help="no progress on standard error (by default each phase of a run is one line there; "
@@ -161,6 +164,26 @@ def _memory_cap(args: argparse.Namespace) -> tuple[int, str]:
     return cap, calibration.explain()
 
 
+def _config_workload(path: str) -> tuple[Any, str]:
+    """The workload of a transformers ``config.json`` and the line that states its coefficients."""
+    from ..workload_config import workload_from_config
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--model-config {path}: cannot read it ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--model-config {path}: expected a JSON object (a config.json), got {type(config).__name__}")
+    try:
+        workload = workload_from_config(config)
+    except ValueError as error:
+        raise ValueError(f"--model-config {path}: {error}") from None
+    c = workload.coefficients
+    return workload, (f"forward FLOPs of {path}: {c['per_token']:,} per token + {c['per_token_squared']:,} per "
+                      f"token^2 (causal attention), balanced as workloads of 1/{workload.unit:,} of that")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``seqbal`` command line; returns the exit code (0 ok, 2 usage or input error)."""
     parser = _parser()
@@ -178,6 +201,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             args.max_token_len, memory_note = _memory_cap(args)
         except (InputError, ValueError) as error:
+            print(_error_line(error), file=sys.stderr)
+            return EXIT_USAGE
+    workload_note = None
+    args.workload_fn = None
+    if args.model_config is not None:
+        try:
+            args.workload_fn, workload_note = _config_workload(args.model_config)
+        except ValueError as error:
             print(_error_line(error), file=sys.stderr)
             return EXIT_USAGE
     progress = Progress(quiet=args.quiet)
@@ -204,6 +235,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     progress.done()
     if args.json:
+        if workload_note:
+            report["workload"] = {"model_config": args.model_config, **args.workload_fn.coefficients,
+                                  "unit": args.workload_fn.unit, "why": workload_note}
         if memory_note:
             report["memory"] = {"calibration": args.calibration, "memory_budget": args.memory_budget,
                                 "max_token_len": args.max_token_len, "why": memory_note}
@@ -217,6 +251,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         text = format_report(report, width) + (f"\n\nplot written to {plot}" if plot else "")
         if memory_note:
             text = "\n".join(_wrap(f"memory: {memory_note}", width)) + f"\n{text}"
+        if workload_note:
+            text = "\n".join(_wrap(f"workload: {workload_note}", width)) + f"\n{text}"
     try:
         print(text)
         sys.stdout.flush()

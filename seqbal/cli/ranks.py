@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -54,6 +54,7 @@ def split_over_ranks(
     min_num_micro_batch: Optional[int] = None,
     cost_model: Optional[CostModel] = None,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Any] = None,
 ) -> RankSplit:
     """Deal ``lengths`` out to ``dp`` ranks in whole forced groups, the way a trainer would.
 
@@ -65,6 +66,8 @@ def split_over_ranks(
       equal group counts when ``dp`` divides them);
     * ``schedule``: :func:`seqbal.build_dp_schedule`, which also decides the micro-batches
       (``max_token_len`` and the count constraints are needed then).
+
+    ``workload_fn`` (default: seqbal's formula) is what ``balance_batch`` and the schedule balance.
 
     Raises:
         InputError: ``group_size`` does not divide the number of samples, or fewer groups than ranks.
@@ -86,7 +89,7 @@ def split_over_ranks(
         from ..schedule import balance_batch
 
         group_ids = None if group_size == 1 else (np.arange(n) // group_size).tolist()
-        parts, _ = balance_batch(ordered, dp, equal_size=groups % dp == 0, group_ids=group_ids)
+        parts, _ = balance_batch(ordered, dp, equal_size=groups % dp == 0, group_ids=group_ids, workload_fn=workload_fn)
         positions = [np.asarray(p, dtype=np.int64) for p in parts]
         return RankSplit([ordered[p] for p in positions], [order[p] for p in positions])
     if route == "schedule":
@@ -97,7 +100,7 @@ def split_over_ranks(
         schedule = build_dp_schedule(
             ordered, dp, max_token_len, force_group_size=group_size,
             num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
-            cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch,
+            cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn,
         )
         positions = [np.asarray(r, dtype=np.int64) for r in schedule.rank_indices]
         return RankSplit(
@@ -116,6 +119,7 @@ def simulate_ranks(
     min_num_micro_batch: Optional[int] = None,
     cost_model: Optional[CostModel] = None,
     max_samples_per_micro_batch: Optional[int] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None,
 ) -> list[list[list[int]]]:
     """What synced ranks decide: :func:`~seqbal.plan_data_parallel`, the library's own protocol
     with the all-reduces replaced by a max/min over the simulated ranks.
@@ -132,6 +136,7 @@ def simulate_ranks(
         force_group_size=force_group_size,
         cost_model=cost_model,
         max_samples_per_micro_batch=max_samples_per_micro_batch,
+        workload_fn=workload_fn,
     )
 
 def packing_bound(lengths: np.ndarray, cap: int, group_size: int = 1, cost_model: Optional[CostModel] = None) -> int:
@@ -197,6 +202,7 @@ def _seqbal_on(split: RankSplit, args: argparse.Namespace) -> list[list[list[int
         split.lengths, args.max_token_len, force_group_size=args.group_size,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
         cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
+        workload_fn=getattr(args, "workload_fn", None),
     )
 
 
@@ -205,4 +211,5 @@ def _split(lengths: Lengths, args: argparse.Namespace, route: str) -> RankSplit:
         lengths.values, args.dp, args.group_size, args.seed, route, max_token_len=args.max_token_len,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
         cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
+        workload_fn=getattr(args, "workload_fn", None),
     )

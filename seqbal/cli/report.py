@@ -235,17 +235,17 @@ def build_report(
             routes[route] = {
                 "micro_batches_per_rank": len(other[1][0]),
                 "fill": sum(r["tokens"] for r in rows) / (sum(r["micro_batches"] for r in rows) * args.max_token_len),
-                "rank_workload_imbalance": _rank_imbalance(other[0].lengths),
+                "rank_workload_imbalance": _rank_imbalance(other[0].lengths, getattr(args, "workload_fn", None)),
                 "error": None,
             }
         report["routes"] = routes
     return report
 
 
-def _rank_imbalance(rank_lengths: Sequence[np.ndarray]) -> float:
+def _rank_imbalance(rank_lengths: Sequence[np.ndarray], workload_fn: Optional[Callable[[Any], Any]] = None) -> float:
     from ..workload import calculate_workload
 
-    work = [float(calculate_workload(lengths).sum()) for lengths in rank_lengths]
+    work = [float(np.asarray((workload_fn or calculate_workload)(lengths)).sum()) for lengths in rank_lengths]
     mean = sum(work) / len(work)
     return max(work) / mean if mean > 0 else 1.0
 
