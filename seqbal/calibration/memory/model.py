@@ -32,7 +32,6 @@ most ``T`` tokens whose lengths lie in ``[shortest, longest]``, the worst is at 
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -40,6 +39,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ...cost import CostModel, MemoryCost
+from ..nnls import weighted_nnls
 
 __all__ = ["FEATURES", "MemoryModel", "features", "fit"]
 
@@ -81,25 +81,7 @@ def fit(rows: np.ndarray, peaks: np.ndarray) -> np.ndarray:
         raise ValueError(f"fit needs one feature row per measured peak, got {rows.shape} rows for {peaks.shape} peaks")
     if (peaks <= 0).any():
         raise ValueError(f"peaks must be positive, got {peaks.min()}")
-    weights = 1.0 / np.sqrt(peaks * peaks.max())
-    weighted = rows * weights[:, None]
-    scale = np.abs(weighted).max(axis=0)
-    scale[scale == 0] = 1.0
-    a = weighted / scale
-    target = peaks * weights
-    best, best_error = np.zeros(rows.shape[1]), float(np.sum(target * target))
-    for size in range(1, rows.shape[1] + 1):
-        for support in itertools.combinations(range(rows.shape[1]), size):
-            cols = list(support)
-            solution, *_ = np.linalg.lstsq(a[:, cols], target, rcond=None)
-            if (solution < 0).any():
-                continue
-            error = float(np.sum((a[:, cols] @ solution - target) ** 2))
-            if error < best_error - 1e-12 * best_error:
-                best = np.zeros(rows.shape[1])
-                best[cols] = solution
-                best_error = error
-    return best / scale
+    return weighted_nnls(rows, peaks, 1.0 / np.sqrt(peaks * peaks.max()))
 
 
 def _run_features(high: int, longs: int, low: int, shorts: int, middle: int) -> np.ndarray:
