@@ -76,8 +76,8 @@ LISTS = ("qwen25math_cot_rollouts.txt", "math_test.txt", "alpaca_eval_outputs.tx
 RANKS = (4, 8)
 CAPS = (1024, 2048)
 VOCAB = 512
-SIZES = {"h64": dict(hidden=64, heads=2, layers=2, intermediate=176),
-         "h128": dict(hidden=128, heads=4, layers=2, intermediate=344)}
+SIZES = {"h32": dict(hidden=32, heads=2, layers=2, intermediate=88),
+         "h64": dict(hidden=64, heads=2, layers=2, intermediate=176)}
 ATTENTION = ("eager", "sdpa")
 
 RankParts = list[list[list[int]]]  # per rank, per micro-batch (run order), global sample indices
@@ -322,6 +322,10 @@ def run_case(model: Model, case: Case, context: Context, args: argparse.Namespac
     data = list_lengths(case.list_name, case.cap)
     lengths = global_batch(data, case.ranks, case.cap, args.micro_batches, seed=0)
     plans, planning = plans_for(model, case, lengths, data, context, args)
+    for name, parts in plans.items():
+        placed = sorted(i for rank in parts for mb in rank for i in mb)
+        if placed != list(range(len(lengths))):
+            raise ValueError(f"{name} placed {len(placed)} samples ({len(set(placed))} distinct) of {len(lengths)}")
     times = time_plans(model, lengths, plans, args.repeats, rng)
     rows = []
     for name, parts in plans.items():
@@ -413,9 +417,31 @@ def goal_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def run_model(size: str, attention: str, args: argparse.Namespace) -> tuple[list[dict], list[str]]:
+    """Every case on one model (one process): rows and notes."""
+    import torch
+
+    torch.set_num_threads(1)  # the thread's CPU time is then the step's whole CPU time
+    model = make_model(size, attention, args.device)
+    rng = np.random.default_rng([SEED, list(SIZES).index(size), ATTENTION.index(attention)])
+    context = Context()
+    rows: list[dict] = []
+    started = time.perf_counter()
+    for name in args.lists:
+        for cap in args.caps:
+            for ranks in args.ranks:
+                rows += run_case(model, Case(name, ranks, cap), context, args, rng)
+                print(f"{model.name} {name} ranks={ranks} cap={cap} done ({time.perf_counter() - started:.0f} s)",
+                      file=sys.stderr, flush=True)
+    notes = list(context.notes)
+    for (name, cap), (cal, seconds) in context.calibrations.items():
+        notes.append(f"{model.name}, {name}, cap {cap}: calibrate took {len(cal.probes)} probes, {seconds:.1f} s")
+    return rows, notes
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="h64 SDPA, the shipped rollouts, 4 ranks, cap 1024")
+    parser.add_argument("--quick", action="store_true", help="h32 SDPA, the shipped rollouts, 4 ranks, cap 1024")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--attention", nargs="+", default=list(ATTENTION), choices=list(ATTENTION))
@@ -425,32 +451,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--micro-batches", type=int, default=3, help="cap-sized micro-batches per rank (about)")
     parser.add_argument("--repeats", type=int, default=3, help="timings per micro-batch, best kept")
     parser.add_argument("--recorder-steps", type=int, default=2, help="steps recorded before the recorder's fit")
+    parser.add_argument("--jobs", type=int, default=1, help="models timed in that many processes at once")
     parser.add_argument("--json", help="also write every row to this JSON file")
     args = parser.parse_args(argv)
     if args.quick:
-        args.sizes, args.attention, args.lists, args.ranks, args.caps = ["h64"], ["sdpa"], [LISTS[0]], [4], [1024]
+        args.sizes, args.attention, args.lists, args.ranks, args.caps = ["h32"], ["sdpa"], [LISTS[0]], [4], [1024]
         args.micro_batches, args.repeats, args.recorder_steps = 2, 2, 1
     import torch
 
-    torch.set_num_threads(1)  # the thread's CPU time is then the step's whole CPU time
-    rng = np.random.default_rng(SEED)
     started = time.perf_counter()
-    rows: list[dict] = []
-    notes: list[str] = []
-    for size in args.sizes:
-        for attention in args.attention:
-            model = make_model(size, attention, args.device)
-            context = Context()
-            for name in args.lists:
-                for cap in args.caps:
-                    for ranks in args.ranks:
-                        rows += run_case(model, Case(name, ranks, cap), context, args, rng)
-                        print(f"{model.name} {name} ranks={ranks} cap={cap} done "
-                              f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
-            notes += [n for n in context.notes if n not in notes]
-            for (name, cap), (cal, seconds) in context.calibrations.items():
-                notes.append(f"{model.name}, {name}, cap {cap}: calibrate took {len(cal.probes)} probes, "
-                             f"{seconds:.1f} s")
+    models = sorted(((size, attention) for size in args.sizes for attention in args.attention),
+                    key=lambda m: (-list(SIZES).index(m[0]), m[1]))  # heaviest first
+    if args.jobs > 1 and len(models) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(args.jobs, len(models))) as pool:
+            results = list(pool.map(run_model, *zip(*models), [args] * len(models)))
+    else:
+        results = [run_model(size, attention, args) for size, attention in models]
+    rows = [r for result in results for r in result[0]]
+    notes = list(dict.fromkeys(n for result in results for n in result[1]))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, notes=notes), indent=1))
     command = "python -m benchmarks.clock" + (" --quick" if args.quick else "")
