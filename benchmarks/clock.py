@@ -453,7 +453,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--recorder-steps", type=int, default=2, help="steps recorded before the recorder's fit")
     parser.add_argument("--jobs", type=int, default=1, help="models timed in that many processes at once")
     parser.add_argument("--json", help="also write every row to this JSON file")
+    parser.add_argument("--tables", metavar="JSON", help="only print the tables of a run's JSON file")
     args = parser.parse_args(argv)
+    if args.tables:
+        saved = json.loads(Path(args.tables).read_text())
+        print_tables(saved["rows"], saved["notes"])
+        return 0
     if args.quick:
         args.sizes, args.attention, args.lists, args.ranks, args.caps = ["h32"], ["sdpa"], [LISTS[0]], [4], [1024]
         args.micro_batches, args.repeats, args.recorder_steps = 2, 2, 1
@@ -477,13 +482,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cases = len({(r["model"], r["list"], r["ranks"], r["cap"]) for r in rows})
     print(f"<!-- {command}: python {platform.python_version()}, torch {torch.__version__}, {args.device}, "
           f"{cases} cases, best of {args.repeats}, {time.perf_counter() - started:.0f} s -->\n")
+    print_tables(rows, notes)
+    return 0
+
+
+def print_tables(rows: list[dict], notes: Sequence[str]) -> None:
     print("\n".join(summary_table(rows)))
     print("\nMean clock efficiency by model (per micro-batch sync / per step sync):\n")
     print("\n".join(by_model_table(rows)))
     print("\n" + "\n".join(goal_lines(rows)))
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))
-    return 0
 
 
 if __name__ == "__main__":
