@@ -46,6 +46,7 @@ _EXPORTS = {
     "capped_balanced_partitions": "partition",
     "calculate_workload": "workload",
     "make_workload_fn": "workload",
+    "workload_from_config": "workload_config",
     "log_seqlen_unbalance": "metrics",
     "micro_batch_summary": "metrics",
     "micro_batch_metrics": "metrics",
@@ -105,3 +106,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the names without the lazy lo
     from .epochs import TokenBudgetBatchSampler, pack_rows
     from .stream import StepPlanner
     from .workload import calculate_workload, make_workload_fn
+    from .workload_config import workload_from_config

@@ -23,12 +23,15 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from ...cost import CostModel
 from .model import FEATURES, MemoryModel, features, fit
+
+if TYPE_CHECKING:
+    from ..timing import TimeCalibration
 
 __all__ = ["Calibration", "Probe", "calibrate", "default_probes"]
 
@@ -36,6 +39,8 @@ __all__ = ["Calibration", "Probe", "calibrate", "default_probes"]
 FORMAT = "seqbal.memory.calibration/1"
 #: Probes the fit needs before it, not the growth bound, decides what may run.
 FIT_AFTER = 4
+#: With ``time=True``: timed calls per probe, the fastest kept.
+TIME_REPEATS = 3
 #: Shortest sequence the ``short`` probes use, and how many sequences they hold at most.
 SHORT_LENGTH, SHORT_COUNT = 16, 64
 
@@ -123,6 +128,8 @@ class Calibration:
         length_range: ``(shortest, longest)`` of the user's lengths, or None (any lengths).
         probes: every probe, metered or not, in the order run.
         device: where the probes ran (``"cpu"``, ``"cuda:0"``).
+        timing: with ``calibrate(..., time=True)``, the time model fitted on the same probes
+            (:class:`seqbal.timing.TimeCalibration`); None otherwise.
 
     Examples:
         >>> cal = Calibration(MemoryModel(fixed=1e6, per_token=1e3, per_token_squared=1.0), 10_000_000, margin=0.1)
@@ -138,6 +145,7 @@ class Calibration:
     length_range: Optional[tuple[int, int]] = None
     probes: tuple[Probe, ...] = field(default=())
     device: str = "cpu"
+    timing: Optional["TimeCalibration"] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, (int, np.integer)) or self.memory_budget < 1:
@@ -210,6 +218,7 @@ class Calibration:
             _length_range(lengths) if lengths is not None else self.length_range,
             self.probes,
             self.device,
+            self.timing,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,6 +231,7 @@ class Calibration:
             "model": {name: getattr(self.model, name) for name in FEATURES},
             "max_token_len": self.max_token_len,
             "probes": [p.to_dict() for p in self.probes],
+            **({"timing": self.timing.to_dict()} if self.timing is not None else {}),
         }
 
     @classmethod
@@ -236,7 +246,7 @@ class Calibration:
             length_range = data.get("length_range")
             return cls(model, int(data["memory_budget"]), float(data["margin"]),
                        None if length_range is None else (int(length_range[0]), int(length_range[1])),
-                       probes, str(data.get("device", "")))
+                       probes, str(data.get("device", "")), _timing_from(data.get("timing")))
         except (KeyError, TypeError, IndexError) as error:
             raise ValueError(f"malformed seqbal calibration: {type(error).__name__}: {error}") from None
 
@@ -288,6 +298,8 @@ def calibrate(
     start: int = 64,
     device: Optional[Any] = None,
     meter: Optional[Callable[[Callable[[], Any]], int]] = None,
+    time: bool = False,
+    timer: Optional[Callable[[Callable[[], Any]], float]] = None,
 ) -> Calibration:
     """Meter ``step_fn`` on probe micro-batches, fit peak bytes, and derive a cap for the budget.
 
@@ -306,6 +318,11 @@ def calibrate(
         start: token total of the first scale (default 64).
         device: where the meter looks (default: CUDA if available, else the CPU).
         meter: ``meter(step) -> peak bytes``; default :func:`seqbal.memory.measure_peak` on ``device``.
+        time: also time every metered probe (the fastest of 3 calls, after its metering: the
+            meter's profiler would slow the step it times) and fit the time model on them, as
+            :func:`seqbal.timing.calibrate` does; the result is ``.timing``. Default False.
+        timer: with ``time``, ``timer(step) -> seconds``; default :func:`seqbal.timing.time_step`
+            on ``device`` (CUDA events, or the thread's CPU time).
 
     Returns:
         A :class:`Calibration`; ``.max_token_len``, ``.predict(lengths)``, ``.cost_model``.
@@ -335,6 +352,12 @@ def calibrate(
         raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
     budget = int(math.floor(int(memory_budget) * (1.0 - margin)))  # what a probe may be predicted at
     done: list[Probe] = []
+    timed: list[Any] = []  # with time=True: a TimedProbe per metered probe
+    if time:
+        from ..timing.calibration import timed_probe
+
+        def clock(candidate: list[int], shape: str) -> Any:
+            return timed_probe(step_fn, candidate, shape, device=device, timer=timer, repeats=TIME_REPEATS)
 
     def predicted(candidate: list[int], bound: Optional[int]) -> Optional[float]:
         ok = [p for p in done if p.peak_bytes]
@@ -347,6 +370,8 @@ def calibrate(
         try:
             peak = meter(lambda: step_fn(list(candidate)))
             probe = Probe(tuple(candidate), int(peak), "", shape)
+            if time:
+                timed.append(clock(candidate, shape))
         except oom as error:
             probe = Probe(tuple(candidate), None, f"out of memory: {type(error).__name__}: {str(error)[:200]}", shape)
             _release_cache()
@@ -405,8 +430,21 @@ def calibrate(
         )
     coefficients = fit(np.array([features(p.lengths) for p in metered]),
                        np.array([p.peak_bytes for p in metered], dtype=np.float64))
+    timing = None
+    if time:
+        from ..timing.calibration import fit_probes, timing_fields
+
+        timing = fit_probes(timed, **timing_fields(device, timer, TIME_REPEATS, 1))
     return Calibration(MemoryModel.from_coefficients(coefficients), int(memory_budget), margin, length_range, tuple(done),
-                       _device_name(device))
+                       _device_name(device), timing)
+
+
+def _timing_from(data: Optional[dict[str, Any]]) -> Optional["TimeCalibration"]:
+    if data is None:
+        return None
+    from ..timing import TimeCalibration
+
+    return TimeCalibration.from_dict(data)
 
 
 def _release_cache() -> None:

@@ -285,25 +285,36 @@ def calibrate(
             features(candidate)  # ValueError on an empty probe or a length < 1
         if len(plan) < 2:
             raise ValueError(f"a time model needs at least 2 probes, got {len(plan)}")
-    if timer is None:
-        from .clock import clock_name, time_step
-
-        clock = clock_name(device)
-
-        def timed(run: Callable[[], Any]) -> float:
-            return time_step(run, device, repeats=repeats)
-    else:
-        clock = "custom timer"
-
-        def timed(run: Callable[[], Any]) -> float:
-            return min(float(timer(run)) for _ in range(repeats))
     largest = max(plan, key=lambda item: (sum(item[1]), len(item[1])))[1]
     for _ in range(warmup):
         step_fn(list(largest))
     plan.sort(key=lambda item: sum(item[1]))  # small to large: a failure costs least early
-    done = [TimedProbe(tuple(candidate), timed(lambda: step_fn(list(candidate))), shape) for shape, candidate in plan]
-    return fit_probes(done, device=_device_name(device) if timer is None else str(device or "cpu"), clock=clock,
-                      repeats=repeats, warmup=warmup, source="probes")
+    done = [timed_probe(step_fn, candidate, shape, device=device, timer=timer, repeats=repeats) for shape, candidate in plan]
+    return fit_probes(done, **timing_fields(device, timer, repeats, warmup))
+
+
+def timed_probe(step_fn: Callable[[list[int]], Any], candidate: Sequence[int], shape: str, *, device: Optional[Any],
+                timer: Optional[Callable[[Callable[[], Any]], float]], repeats: int) -> TimedProbe:
+    """One probe timed: the fastest of ``repeats`` calls, by ``timer`` or the device's clock.
+    Shared with :func:`seqbal.memory.calibrate` (``time=True``)."""
+    lengths = [int(s) for s in candidate]
+    if timer is None:
+        from .clock import time_step
+
+        seconds = time_step(lambda: step_fn(list(lengths)), device, repeats=repeats)
+    else:
+        seconds = min(float(timer(lambda: step_fn(list(lengths)))) for _ in range(repeats))
+    return TimedProbe(tuple(lengths), seconds, shape)
+
+
+def timing_fields(device: Optional[Any], timer: Optional[Any], repeats: int, warmup: int) -> dict[str, Any]:
+    """The :class:`TimeCalibration` fields that say how probes were timed."""
+    if timer is None:
+        from .clock import clock_name
+
+        return dict(device=_device_name(device), clock=clock_name(device), repeats=repeats, warmup=warmup,
+                     source="probes")
+    return dict(device=str(device or "cpu"), clock="custom timer", repeats=repeats, warmup=warmup, source="probes")
 
 
 def _device_name(device: Optional[Any]) -> str:

@@ -35,9 +35,9 @@ __all__ = ["FEATURES", "TimeModel", "features", "fit", "REFERENCE_LENGTH"]
 #: Feature names, in the order of :func:`features`' columns and the model's coefficients.
 FEATURES = ("fixed", "per_sequence", "per_token", "per_token_squared")
 #: :meth:`TimeModel.workload_fn` scales seconds so that one sequence of this many tokens weighs
-#: about 2**50: sums of hundreds of such sequences stay exact in int64, and coefficients keep
-#: about three significant digits even where the squared term dominates.
-REFERENCE_LENGTH = 2**20
+#: about 2**50: sums of thousands of such sequences stay exact in int64, and the squared term's
+#: coefficient keeps about five significant digits even where it dominates (2**50 / 2**34).
+REFERENCE_LENGTH = 2**17
 _REFERENCE_WEIGHT = 2.0**50
 
 
