@@ -1,7 +1,7 @@
 """The clock benchmark: every planner's micro-batches run on a real model and timed.
 
-    python -m benchmarks.clock             # the grid below (about half an hour on 2 loaded cores)
-    python -m benchmarks.clock --quick     # a few minutes: one model, one list, 4 ranks, one cap
+    python -m benchmarks.clock --jobs 2    # the grid below (half an hour on 2 loaded cores)
+    python -m benchmarks.clock --quick     # a minute: one model, one list, 4 ranks, one cap
     python -m benchmarks.clock --json out.json   # also every row, for the docs' tables
 
 Other benchmarks score a plan on a cost formula (a proxy). Here each plan's micro-batches run
@@ -46,8 +46,9 @@ Rows (all on the same global batch of each case):
 Rows whose API is missing (``seqbal.timing``, ``workload_from_config``, verl, transformers < 5.24)
 are left out with a note. Grid: three real length lists (the shipped Qwen2.5-Math rollouts,
 MATH test solutions, AlpacaEval outputs; clipped to the cap), 4 and 8 ranks, caps 1024 and 2048,
-a global batch of about ``--micro-batches`` cap-sized micro-batches per rank, four models (two
-sizes, eager and SDPA attention).
+a global batch of about ``--micro-batches`` (3) cap-sized micro-batches per rank, three models:
+hidden 64 with SDPA, hidden 32 with eager and with SDPA attention (two layers, SwiGLU, vocabulary
+512; ``--models`` picks others, ``h64 eager`` included).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ VOCAB = 512
 SIZES = {"h32": dict(hidden=32, heads=2, layers=2, intermediate=88),
          "h64": dict(hidden=64, heads=2, layers=2, intermediate=176)}
 ATTENTION = ("eager", "sdpa")
+MODELS = ("h64 sdpa", "h32 eager", "h32 sdpa")  # two sizes, both attention kinds; "h64 eager" on request
 
 RankParts = list[list[list[int]]]  # per rank, per micro-batch (run order), global sample indices
 ROWS = ("seqbal default", "seqbal tokens", "seqbal workload_from_config", "seqbal calibrate", "seqbal recorder",
@@ -443,8 +445,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="h32 SDPA, the shipped rollouts, 4 ranks, cap 1024")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
-    parser.add_argument("--attention", nargs="+", default=list(ATTENTION), choices=list(ATTENTION))
+    parser.add_argument("--models", nargs="+", default=list(MODELS),
+                        choices=[f"{size} {kind}" for size in SIZES for kind in ATTENTION])
     parser.add_argument("--lists", nargs="+", default=list(LISTS))
     parser.add_argument("--ranks", nargs="+", type=int, default=list(RANKS))
     parser.add_argument("--caps", nargs="+", type=int, default=list(CAPS))
@@ -460,13 +462,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print_tables(saved["rows"], saved["notes"])
         return 0
     if args.quick:
-        args.sizes, args.attention, args.lists, args.ranks, args.caps = ["h32"], ["sdpa"], [LISTS[0]], [4], [1024]
+        args.models, args.lists, args.ranks, args.caps = ["h32 sdpa"], [LISTS[0]], [4], [1024]
         args.micro_batches, args.repeats, args.recorder_steps = 2, 2, 1
     import torch
 
     started = time.perf_counter()
-    models = sorted(((size, attention) for size in args.sizes for attention in args.attention),
-                    key=lambda m: (-list(SIZES).index(m[0]), m[1]))  # heaviest first
+    models = [tuple(name.split()) for name in args.models]  # in the given order: heaviest first
     if args.jobs > 1 and len(models) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
