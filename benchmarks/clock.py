@@ -429,10 +429,13 @@ def run_model(size: str, attention: str, args: argparse.Namespace) -> tuple[list
     context = Context()
     rows: list[dict] = []
     started = time.perf_counter()
-    for name in args.lists:
-        for cap in args.caps:
-            for ranks in args.ranks:
-                rows += run_case(model, Case(name, ranks, cap), context, args, rng)
+    for cap in args.caps:  # the cheapest cases first
+        for ranks in args.ranks:
+            for name in args.lists:
+                rows += (case_rows := run_case(model, Case(name, ranks, cap), context, args, rng))
+                if args.json:  # every case as soon as it is done: a cut-short run keeps what it measured
+                    with open(f"{args.json}.partial", "a") as handle:
+                        handle.writelines(json.dumps(row) + "\n" for row in case_rows)
                 print(f"{model.name} {name} ranks={ranks} cap={cap} done ({time.perf_counter() - started:.0f} s)",
                       file=sys.stderr, flush=True)
     notes = list(context.notes)
