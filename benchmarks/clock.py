@@ -395,6 +395,22 @@ def by_model_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def by_list_table(rows: list[dict]) -> list[str]:
+    """Mean clock efficiency of each row on each length list and cap (per micro-batch / per step)."""
+    columns = list(dict.fromkeys((r["list"], r["cap"]) for r in rows))
+    lines = ["| row | " + " | ".join(f"{name.removesuffix('.txt')}, cap {cap}" for name, cap in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for name in ROWS:
+        cells = []
+        for list_name, cap in columns:
+            mine = [r for r in rows if r["row"] == name and r["list"] == list_name and r["cap"] == cap]
+            cells.append(f"{np.mean([r['per_mb'] for r in mine]):.3f} / {np.mean([r['per_step'] for r in mine]):.3f}"
+                         if mine else "-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def goal_lines(rows: list[dict]) -> list[str]:
     """Where the calibrated routes reach 0.98 per step, 0.97 per micro-batch sync and the top."""
     key = lambda r: (r["model"], r["list"], r["ranks"], r["cap"])  # noqa: E731
@@ -458,11 +474,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--recorder-steps", type=int, default=2, help="steps recorded before the recorder's fit")
     parser.add_argument("--jobs", type=int, default=1, help="models timed in that many processes at once")
     parser.add_argument("--json", help="also write every row to this JSON file")
-    parser.add_argument("--tables", metavar="JSON", help="only print the tables of a run's JSON file")
+    parser.add_argument("--tables", metavar="JSON", nargs="+",
+                        help="only print the tables of saved runs (--json files, or their .partial rows)")
     args = parser.parse_args(argv)
     if args.tables:
-        saved = json.loads(Path(args.tables).read_text())
-        print_tables(saved["rows"], saved["notes"])
+        rows, notes = [], []
+        for path in args.tables:
+            text = Path(path).read_text()
+            if path.endswith(".partial"):
+                rows += [json.loads(line) for line in text.splitlines() if line.strip()]
+            else:
+                rows += json.loads(text)["rows"]
+                notes += [n for n in json.loads(text)["notes"] if n not in notes]
+        print_tables(rows, notes)
         return 0
     if args.quick:
         args.models, args.lists, args.ranks, args.caps = ["h32 sdpa"], [LISTS[0]], [4], [1024]
@@ -494,6 +518,8 @@ def print_tables(rows: list[dict], notes: Sequence[str]) -> None:
     print("\n".join(summary_table(rows)))
     print("\nMean clock efficiency by model (per micro-batch sync / per step sync):\n")
     print("\n".join(by_model_table(rows)))
+    print("\nMean clock efficiency by length list and cap (per micro-batch sync / per step sync):\n")
+    print("\n".join(by_list_table(rows)))
     print("\n" + "\n".join(goal_lines(rows)))
     if notes:
         print("\n" + "\n".join(f"- {n}" for n in notes))

@@ -329,7 +329,7 @@ def test_clock_tables_render(clock_run):
     rows, _ = clock_run
     summary = clock.summary_table(rows)
     assert len(summary) == 2 + len(rows) and all(r["row"] in "".join(summary) for r in rows)
-    assert len(clock.by_model_table(rows)) == 2 + len(rows)
+    assert len(clock.by_model_table(rows)) == 2 + len(rows) == len(clock.by_list_table(rows))
     goals = clock.goal_lines(rows)
     assert [line.split(":")[0] for line in goals] == [f"- {row}" for row in clock.CALIBRATED]
 
