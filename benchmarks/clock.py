@@ -86,6 +86,7 @@ RankParts = list[list[list[int]]]  # per rank, per micro-batch (run order), glob
 ROWS = ("seqbal default", "seqbal tokens", "seqbal workload_from_config", "seqbal calibrate", "seqbal recorder",
         "verl 0.9.1", "transformers BatchRebalanceSampler", "prime-rl packer")
 CALIBRATED = ("seqbal calibrate", "seqbal recorder")
+CONTROL = "control: rank 0's micro-batches on every rank"  # true efficiency 1: the clock's own floor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,7 +325,12 @@ def run_case(model: Model, case: Case, context: Context, args: argparse.Namespac
     data = list_lengths(case.list_name, case.cap)
     lengths = global_batch(data, case.ranks, case.cap, args.micro_batches, seed=0)
     plans, planning = plans_for(model, case, lengths, data, context, args)
+    if args.control:
+        plans[CONTROL] = [plans["seqbal default"][0]] * case.ranks
+        planning[CONTROL] = 0.0
     for name, parts in plans.items():
+        if name == CONTROL:
+            continue
         placed = sorted(i for rank in parts for mb in rank for i in mb)
         if placed != list(range(len(lengths))):
             raise ValueError(f"{name} placed {len(placed)} samples ({len(set(placed))} distinct) of {len(lengths)}")
@@ -356,14 +362,15 @@ def summary_table(rows: list[dict]) -> list[str]:
     """Per row: clock and proxy efficiency (worst / mean), cases where it is the best, noise."""
     cases = {(r["model"], r["list"], r["ranks"], r["cap"]) for r in rows}
     key = lambda r: (r["model"], r["list"], r["ranks"], r["cap"])  # noqa: E731
-    best_mb = {c: max(r["per_mb"] for r in rows if key(r) == c) for c in cases}
-    best_step = {c: max(r["per_step"] for r in rows if key(r) == c) for c in cases}
+    planned = [r for r in rows if r["row"] != CONTROL]
+    best_mb = {c: max(r["per_mb"] for r in planned if key(r) == c) for c in cases}
+    best_step = {c: max(r["per_step"] for r in planned if key(r) == c) for c in cases}
     lines = [
         "| row | cases | clock, per micro-batch sync: worst / mean | proxy: mean | clock, per step sync: worst / mean "
         "| proxy: mean | best of the case (per mb / per step) | noise, median (per mb / per step) | largest micro-batch / cap |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in ROWS:
+    for name in (*ROWS, CONTROL):
         mine = [r for r in rows if r["row"] == name]
         if not mine:
             continue
@@ -384,7 +391,7 @@ def by_model_table(rows: list[dict]) -> list[str]:
     """Mean clock efficiency of each row on each model (per micro-batch / per step)."""
     models = list(dict.fromkeys(r["model"] for r in rows))
     lines = ["| row | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
-    for name in ROWS:
+    for name in (*ROWS, CONTROL):
         cells = []
         for m in models:
             mine = [r for r in rows if r["row"] == name and r["model"] == m]
@@ -400,7 +407,7 @@ def by_list_table(rows: list[dict]) -> list[str]:
     columns = list(dict.fromkeys((r["list"], r["cap"]) for r in rows))
     lines = ["| row | " + " | ".join(f"{name.removesuffix('.txt')}, cap {cap}" for name, cap in columns) + " |",
              "|---|" + "---|" * len(columns)]
-    for name in ROWS:
+    for name in (*ROWS, CONTROL):
         cells = []
         for list_name, cap in columns:
             mine = [r for r in rows if r["row"] == name and r["list"] == list_name and r["cap"] == cap]
@@ -414,6 +421,7 @@ def by_list_table(rows: list[dict]) -> list[str]:
 def goal_lines(rows: list[dict]) -> list[str]:
     """Where the calibrated routes reach 0.98 per step, 0.97 per micro-batch sync and the top."""
     key = lambda r: (r["model"], r["list"], r["ranks"], r["cap"])  # noqa: E731
+    rows = [r for r in rows if r["row"] != CONTROL]
     cases = sorted({key(r) for r in rows})
     lines = []
     for name in CALIBRATED:
@@ -473,6 +481,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timings per micro-batch, best kept")
     parser.add_argument("--recorder-steps", type=int, default=2, help="steps recorded before the recorder's fit")
     parser.add_argument("--jobs", type=int, default=1, help="models timed in that many processes at once")
+    parser.add_argument("--control", action="store_true",
+                        help="also time a control: rank 0's micro-batches on every rank (the clock's noise floor)")
     parser.add_argument("--json", help="also write every row to this JSON file")
     parser.add_argument("--tables", metavar="JSON", nargs="+",
                         help="only print the tables of saved runs (--json files, or their .partial rows)")

@@ -295,7 +295,7 @@ def clock_run():
     from benchmarks import clock
 
     args = argparse.Namespace(device="cpu", lists=[clock.LISTS[0]], caps=[512], ranks=[2], micro_batches=2,
-                              repeats=2, recorder_steps=2)
+                              repeats=2, recorder_steps=2, control=True, json=None)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(clock.SIZES, "h8", dict(hidden=8, heads=2, layers=1, intermediate=16))
         return clock.run_model("h8", "sdpa", args)
@@ -305,18 +305,23 @@ def test_clock_runs_every_row_or_says_why_not(clock_run):
     from benchmarks import clock
 
     rows, notes = clock_run
-    ran = [r["row"] for r in rows]
+    ran = [r["row"] for r in rows if r["row"] != clock.CONTROL]
+    assert len(rows) == len(ran) + 1  # and the control
     left_out = [row for row in clock.ROWS if any(note.startswith(f"{row}: left out") for note in notes)]
     assert sorted(ran + left_out) == sorted(clock.ROWS) and len(set(ran)) == len(ran)
     assert {"seqbal default", "seqbal tokens", "prime-rl packer"} <= set(ran)
 
 
 def test_clock_efficiencies_are_efficiencies(clock_run):
+    from benchmarks import clock
+
     rows, _ = clock_run
     for r in rows:
         for sync in ("", "proxy_"):
             assert 0 < r[f"{sync}per_mb"] <= r[f"{sync}per_step"] + 1e-12 <= 1 + 1e-9, r
         assert r["noise_per_mb"] >= 0 and r["noise_per_step"] >= 0 and r["step_seconds"] > 0
+        if r["row"] == clock.CONTROL:  # every rank runs the same micro-batches: balanced by construction
+            assert r["proxy_per_mb"] == pytest.approx(1.0) and r["proxy_per_step"] == pytest.approx(1.0)
         if r["row"] != "transformers BatchRebalanceSampler":  # the one planner without a token cap
             assert r["largest_over_cap"] <= 1, r
         if r["row"].startswith("seqbal") or r["row"] == "verl 0.9.1":
