@@ -1,6 +1,6 @@
 """The clock benchmark: every planner's micro-batches run on a real model and timed.
 
-    python -m benchmarks.clock --jobs 2    # the grid below (half an hour on 2 loaded cores)
+    python -m benchmarks.clock --jobs 2    # the grid below (about an hour on 2 loaded cores)
     python -m benchmarks.clock --quick     # a minute: one model, one list, 4 ranks, one cap
     python -m benchmarks.clock --json out.json   # also every row, for the docs' tables
 
