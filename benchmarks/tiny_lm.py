@@ -16,6 +16,10 @@ cost of sequences x tokens that no varlen kernel has); ``packing="split"`` cuts 
 ``split``, whose backward is one concatenation, as a varlen kernel's cost grows (the timing
 benchmark uses it).
 
+Two MLP kinds: ``gelu`` (``down(gelu(up(x)))``, width ``4 x hidden``) and ``gated`` (Llama's
+SwiGLU, ``down(silu(gate(x)) * up(x))`` at ``intermediate`` width), so that a Llama-shaped
+config dict (:func:`llama_config`) describes the model's linear layers exactly.
+
 ``step(lengths)`` runs one forward and backward on random tokens of those lengths and leaves
 no gradient behind (``zero_grad(set_to_none=True)``), the contract of
 :func:`seqbal.memory.calibrate`.
@@ -31,17 +35,21 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_KINDS = ("eager", "sdpa")
+MLP_KINDS = ("gelu", "gated")
 
 
 class _Block(nn.Module):
-    def __init__(self, hidden: int, heads: int, attention: str, packing: str = "slices") -> None:
+    def __init__(self, hidden: int, heads: int, attention: str, mlp: str = "gelu", intermediate: int = 0,
+                 packing: str = "slices") -> None:
         super().__init__()
         self.heads, self.attention, self.packing = heads, attention, packing
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
-        self.up = nn.Linear(hidden, 4 * hidden, bias=False)
-        self.down = nn.Linear(4 * hidden, hidden, bias=False)
+        width = intermediate or 4 * hidden
+        self.gate = nn.Linear(hidden, width, bias=False) if mlp == "gated" else None
+        self.up = nn.Linear(hidden, width, bias=False)
+        self.down = nn.Linear(width, hidden, bias=False)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.attention == "sdpa":
@@ -65,23 +73,29 @@ class _Block(nn.Module):
                 start += s
         attended = torch.cat(pieces, dim=1).transpose(0, 1).reshape(t, hidden)
         x = x + self.out(attended)
-        return x + self.down(F.gelu(self.up(self.norm2(x))))
+        h = self.norm2(x)
+        if self.gate is not None:
+            return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        return x + self.down(F.gelu(self.up(h)))
 
 
 class TinyLM(nn.Module):
     """Embedding, ``layers`` pre-norm blocks, a tied-free LM head; the loss is next-token
-    cross-entropy within each sequence."""
+    cross-entropy within each sequence. ``mlp="gated"`` uses a SwiGLU MLP of width
+    ``intermediate`` (default ``4 x hidden``)."""
 
     def __init__(self, vocab: int = 2048, hidden: int = 128, heads: int = 2, layers: int = 2,
-                 attention: str = "eager", packing: str = "slices") -> None:
+                 attention: str = "eager", mlp: str = "gelu", intermediate: int = 0, packing: str = "slices") -> None:
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if mlp not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {MLP_KINDS}, got {mlp!r}")
         if packing not in ("slices", "split"):
             raise ValueError(f"packing must be 'slices' or 'split', got {packing!r}")
         self.vocab = vocab
         self.embed = nn.Embedding(vocab, hidden)
-        self.blocks = nn.ModuleList(_Block(hidden, heads, attention, packing) for _ in range(layers))
+        self.blocks = nn.ModuleList(_Block(hidden, heads, attention, mlp, intermediate, packing) for _ in range(layers))
         self.norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)
 
@@ -95,6 +109,16 @@ class TinyLM(nn.Module):
         ends = torch.tensor(lengths, device=ids.device).cumsum(0) - 1
         targets[ends] = -100
         return F.cross_entropy(logits, targets, ignore_index=-100)
+
+
+def llama_config(vocab: int, hidden: int, heads: int, layers: int, intermediate: int) -> dict:
+    """A Llama-shaped transformers config dict of a ``TinyLM(mlp="gated")`` of these sizes: the
+    same linear layers (q, k, v and o projections, no GQA; gate, up and down; the LM head)."""
+    return {
+        "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
+        "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": hidden // heads,
+        "num_hidden_layers": layers, "tie_word_embeddings": False,
+    }
 
 
 def make_step(model: TinyLM, device: str = "cpu", seed: int = 0) -> Callable[[Sequence[int]], None]:

@@ -299,3 +299,85 @@ def test_axolotl_benchmark_smoke(monkeypatch):
     assert ours["max_tokens"] <= bench.CAP and "/" not in ours["per_rank"] and ours["samples"] == ours["of"] == 300
     assert int(ours["per_rank"]) % bench.GA == 0 and ours["imbalance_max"] >= 1
     assert theirs["max_tokens"] <= bench.CAP and 0 <= theirs["loss_micro"][0] <= 1 and theirs["loss_micro"][1] >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The clock benchmark (benchmarks/clock.py): a tiny model, one small case; structure, no timings
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clock_run():
+    import argparse
+
+    from benchmarks import clock
+
+    args = argparse.Namespace(device="cpu", lists=[clock.LISTS[0]], caps=[512], ranks=[2], micro_batches=2,
+                              repeats=2, recorder_steps=2, control=True, json=None)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(clock.SIZES, "h8", dict(hidden=8, heads=2, layers=1, intermediate=16))
+        return clock.run_model("h8", "sdpa", args)
+
+
+def test_clock_runs_every_row_or_says_why_not(clock_run):
+    from benchmarks import clock
+
+    rows, notes = clock_run
+    ran = [r["row"] for r in rows if r["row"] != clock.CONTROL]
+    assert len(rows) == len(ran) + 1  # and the control
+    left_out = [row for row in clock.ROWS if any(note.startswith(f"{row}: left out") for note in notes)]
+    assert sorted(ran + left_out) == sorted(clock.ROWS) and len(set(ran)) == len(ran)
+    assert {"seqbal default", "seqbal tokens", "prime-rl packer"} <= set(ran)
+
+
+def test_clock_efficiencies_are_efficiencies(clock_run):
+    from benchmarks import clock
+
+    rows, _ = clock_run
+    for r in rows:
+        for sync in ("", "proxy_"):
+            assert 0 < r[f"{sync}per_mb"] <= r[f"{sync}per_step"] + 1e-12 <= 1 + 1e-9, r
+        assert r["noise_per_mb"] >= 0 and r["noise_per_step"] >= 0 and r["step_seconds"] > 0
+        if r["row"] == clock.CONTROL:  # every rank runs the same micro-batches: balanced by construction
+            assert r["proxy_per_mb"] == pytest.approx(1.0) and r["proxy_per_step"] == pytest.approx(1.0)
+        if r["row"] != "transformers BatchRebalanceSampler":  # the one planner without a token cap
+            assert r["largest_over_cap"] <= 1, r
+        if r["row"].startswith("seqbal") or r["row"] == "verl 0.9.1":
+            assert len(r["counts"]) == 1, r  # every rank runs the same count
+
+
+def test_clock_tables_render(clock_run):
+    from benchmarks import clock
+
+    rows, _ = clock_run
+    summary = clock.summary_table(rows)
+    assert len(summary) == 2 + len(rows) and all(r["row"] in "".join(summary) for r in rows)
+    assert len(clock.by_model_table(rows)) == 2 + len(rows) == len(clock.by_list_table(rows))
+    goals = clock.goal_lines(rows)
+    assert [line.split(":")[0] for line in goals] == [f"- {row}" for row in clock.CALIBRATED]
+
+
+def test_clock_efficiency_by_hand():
+    from benchmarks.clock import efficiency
+
+    # two ranks, two syncs: slot maxima 3 + 4 = 7, total 12 -> 12 / (2 * 7); rank totals 5 and 7
+    assert efficiency([[3, 2], [3, 4]]) == pytest.approx((12 / 14, 6 / 7))
+    assert efficiency([[2], [1, 1]]) == pytest.approx((4 / 6, 1.0))  # the short rank's missing sync costs 0
+
+
+def test_prime_rl_packer_reimplementation():
+    from benchmarks import prime_rl_packer
+
+    config = dict(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=3,
+                  intermediate_size=16, vocab_size=32)
+    # per layer: q 2*8*2*4 = 128, k and v 4*8*1*4 = 128, o 2*8*8 = 128, MLP 6*8*16 = 768; head 2*8*32
+    assert prime_rl_packer.cost_coefficients(config) == (3 * (128 + 128 + 128 + 768) + 512, 3 * 2 * 2 * 4)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 300, size=57).tolist()
+    for ranks in (1, 3, 4):
+        parts = prime_rl_packer.plan(lengths, 512, ranks, config)
+        assert len(parts) == ranks and len({len(rank) for rank in parts}) == 1
+        assert sorted(i for rank in parts for mb in rank for i in mb) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in mb) <= 512 for rank in parts for mb in rank)
+    with pytest.raises(ValueError, match="longer than seq_len"):
+        prime_rl_packer.plan([600], 512, 1, None)
