@@ -104,14 +104,18 @@ class Model:
     device: str
 
 
-def make_model(size: str, attention: str, device: str) -> Model:
+def make_model(size: str, attention: str, device: str, packing: str = "split") -> Model:
+    """``packing="split"`` (default) cuts each sequence's attention window out of the packed
+    tokens as a varlen kernel does (cost grows with each sequence's own length);
+    ``"slices"`` indexes a window per sequence, whose backward adds a zero gradient the size of
+    the whole micro-batch per sequence (``benchmarks/tiny_lm.py``), a cost no varlen kernel has."""
     import torch
 
     from benchmarks.tiny_lm import TinyLM, llama_config, make_step
 
     shape = SIZES[size]
     torch.manual_seed(SEED)
-    model = TinyLM(vocab=VOCAB, attention=attention, mlp="gated", **shape).to(device)
+    model = TinyLM(vocab=VOCAB, attention=attention, mlp="gated", packing=packing, **shape).to(device)
     return Model(f"{size} {attention}", make_step(model, device), llama_config(VOCAB, **shape), device)
 
 
@@ -448,7 +452,7 @@ def run_model(size: str, attention: str, args: argparse.Namespace) -> tuple[list
     import torch
 
     torch.set_num_threads(1)  # the thread's CPU time is then the step's whole CPU time
-    model = make_model(size, attention, args.device)
+    model = make_model(size, attention, args.device, getattr(args, "packing", "split"))
     rng = np.random.default_rng([SEED, list(SIZES).index(size), ATTENTION.index(attention)])
     context = Context()
     rows: list[dict] = []
@@ -472,6 +476,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="h32 SDPA, the shipped rollouts, 4 ranks, cap 1024")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--packing", choices=("split", "slices"), default="split",
+                        help="how the tiny model cuts each sequence's attention window: split (default, as a "
+                             "varlen kernel's cost grows) or slices (a per-sequence zero gradient the size of "
+                             "the micro-batch in the backward)")
     parser.add_argument("--models", nargs="+", default=list(MODELS),
                         choices=[f"{size} {kind}" for size in SIZES for kind in ATTENTION])
     parser.add_argument("--lists", nargs="+", default=list(LISTS))
@@ -516,7 +524,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     notes = list(dict.fromkeys(n for result in results for n in result[1]))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(rows=rows, notes=notes), indent=1))
-    command = "python -m benchmarks.clock" + (" --quick" if args.quick else "")
+    command = "python -m benchmarks.clock" + (" --quick" if args.quick else "") + f" --packing {args.packing}"
     cases = len({(r["model"], r["list"], r["ranks"], r["cap"]) for r in rows})
     print(f"<!-- {command}: python {platform.python_version()}, torch {torch.__version__}, {args.device}, "
           f"{cases} cases, best of {args.repeats}, {time.perf_counter() - started:.0f} s -->\n")

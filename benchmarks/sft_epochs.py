@@ -6,7 +6,7 @@ for three routes:
 
 - ``seqbal``: :class:`seqbal.epochs.sampler.TokenBudgetBatchSampler` (a fresh random
   partition every epoch at one count);
-- ``plan once``: the previous release's sampler: :func:`seqbal.build_dp_schedule` once, then
+- ``plan once``: the sampler of commit 1a16c84: :func:`seqbal.build_dp_schedule` once, then
   every epoch permutes the slots and trades samples of equal length (re-implemented here);
 - ``shuffle-fill``: shuffle the samples, fill micro-batches one after the other up to the cap
   (next fit), deal them to the ranks round-robin: the baseline of a fresh mix (its count changes
