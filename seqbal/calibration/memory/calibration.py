@@ -10,9 +10,11 @@ at the first rung and again near their own top (within 8x of the tokens where th
 puts them at the budget), which is where the micro-batches a plan packs lie. A rung is 4x
 while the current fit has 16x of headroom, 2x after that: a quadratic term the fit has not yet
 seen grows 16x in a 4x step, and the fit's 16x look-ahead already covers that much. When a
-shape's next rung is predicted over, one last probe of it runs at the largest total in between
-that the fit predicts within: the top probes lie near the budget, above the micro-batches that
-plans pack (whose cap is lower: :attr:`Calibration.byte_cap`).
+shape's next rung is predicted over (or runs over), one last probe of it runs at the largest
+total in between that the fit predicts within, and halfway down from there if that one does
+not fit: the top probes lie near the budget, above the micro-batches that plans pack (whose
+cap is lower: :attr:`Calibration.byte_cap`). No probe holds more than 4x the tokens of the
+largest one that ran within the budget, whatever the fit predicts.
 
 The first rung (``start`` tokens, and ``start / 2`` for the ``long`` shape) always runs: it is
 what the fit starts from. After it, a probe runs only when the current fit predicts it within
@@ -433,42 +435,64 @@ def climb(prober: _Prober, pool: Optional[list[int]], limit: int, start: int, pr
     scale = {shape: 2 * start for shape in SHAPES}
     stopped = {p.shape for p in prober.done if p.peak_bytes is None or p.peak_bytes > probe_cap}
     active = [shape for shape in SHAPES if shape not in stopped and (shape != "sampled" or pool is not None)]
-    below = {shape: start for shape in SHAPES}  # per shape, the largest rung predicted within probe_cap
+    below = {shape: start for shape in SHAPES}  # per shape, the largest rung known to fit
+
+    def candidate_at(shape: str, tokens: int) -> Optional[list[int]]:
+        return default_probes(tokens, pool, seed=len(prober.done)).get(shape) if tokens <= most_tokens else None
 
     def fits(shape: str, tokens: int) -> bool:
-        if tokens > most_tokens:
-            return False
-        candidate = default_probes(tokens, pool, seed=len(prober.done)).get(shape)
+        candidate = candidate_at(shape, tokens)
         guess = None if not candidate else prober.predict(candidate)
         return guess is not None and guess <= probe_cap
+
+    def ran_within(probe: Probe) -> bool:
+        return probe.peak_bytes is not None and probe.peak_bytes <= probe_cap
+
+    def finish(shape: str, good: int, bad: int, tries: int = 3) -> None:
+        """The last probes of a shape, between a rung that fits and one that does not: at the
+        largest total the fit predicts within, then halfway down after each that does not fit."""
+        top = _top_rung(good, bad, lambda t: fits(shape, t))
+        while top is not None and tries > 0 and len(prober.done) < limit:
+            candidate = candidate_at(shape, top)
+            if candidate is None:
+                return
+            tries -= 1
+            if ran_within(prober.run(candidate, shape)):
+                return
+            top = (good + top) // 2 if (top - good) * 8 >= good else None
 
     while active and len(prober.done) < limit:
         for shape in list(active):
             if len(prober.done) >= limit:
                 break
-            tokens = scale[shape]
-            candidate = default_probes(tokens, pool, seed=len(prober.done)).get(shape) if tokens <= most_tokens else None
-            if candidate is None and tokens < most_tokens:  # none of this shape at this rung (a draw too long)
-                scale[shape] = min(2 * tokens, most_tokens)
+            # never more than 4x the tokens of the largest probe that ran within the budget
+            ceiling = 4 * max(sum(p.lengths) for p in prober.done if ran_within(p))
+            tokens = min(scale[shape], ceiling)
+            candidate = candidate_at(shape, tokens)
+            if candidate is None and tokens < most_tokens and tokens == scale[shape]:
+                scale[shape] = min(2 * tokens, most_tokens)  # none of this shape at this rung (a draw too long)
                 continue
             guess = None if candidate is None else prober.predict(candidate)
             if guess is None or guess > probe_cap:
                 active.remove(shape)
-                top = _top_rung(below[shape], tokens, lambda t: fits(shape, t)) if guess is not None else None
-                if top is not None:  # the last probe of this shape: as near the budget as the fit allows
-                    prober.run(default_probes(top, pool, seed=len(prober.done))[shape], shape)
+                if guess is not None:
+                    finish(shape, below[shape], tokens)
                 continue
-            below[shape] = tokens
             far = fits(shape, 8 * tokens)
             step = 4 if far and fits(shape, 16 * tokens) else 2
+            clamped = tokens < scale[shape]  # held back by the ceiling: it runs, and the ceiling rises
             # the last rung is the longest micro-batch the lengths allow, when the ladder passes it
             scale[shape] = min(tokens * step, most_tokens) if tokens < most_tokens else tokens * step
-            if shape != "long" and far:
+            if shape != "long" and far and not clamped:
+                below[shape] = tokens
                 continue  # not yet near this shape's top: nothing a plan packs lies here
             probe = prober.run(candidate, shape)
-            if probe.peak_bytes is None or probe.peak_bytes > probe_cap:
+            if not ran_within(probe):
                 active.remove(shape)
-            elif shape == "long" and base.peak_bytes and tokens >= FLAT_SPAN * sum(base.lengths) and (
+                finish(shape, below[shape], tokens)
+                continue
+            below[shape] = tokens
+            if shape == "long" and base.peak_bytes and tokens >= FLAT_SPAN * sum(base.lengths) and (
                     probe.peak_bytes - base.peak_bytes < FLAT_GROWTH * probe.peak_bytes):
                 raise ValueError(
                     f"the metered peaks do not grow with the tokens: {base.peak_bytes} bytes at {sum(base.lengths)} "
@@ -480,7 +504,7 @@ def _top_rung(low: int, high: int, fits: Callable[[int], bool]) -> Optional[int]
     """The largest token total in ``(low, high)`` that ``fits`` (bisection to 1/16 of ``low``),
     or None when none is at least 1/8 above ``low`` (not worth a probe)."""
     step = max(1, low // 16)
-    if not fits(low + max(1, low // 8)):
+    if high - low <= max(1, low // 8) or not fits(low + max(1, low // 8)):
         return None
     good, bad = low + max(1, low // 8), high
     while bad - good > step:

@@ -22,8 +22,9 @@ __all__ = ["SHAPES", "SHORT_COUNT", "SHORT_LENGTH", "default_probes", "longest_b
 
 #: The probe shapes, in the order a scale runs them.
 SHAPES = ("long", "short", "mixed", "sampled")
-#: Shortest sequence the ``short`` probes use, and how many sequences they hold at most.
-SHORT_LENGTH, SHORT_COUNT = 16, 256
+#: Shortest sequence the ``short`` probes use (any lengths: a token cap's worst micro-batch may be
+#: all one-token sequences), and how many sequences they hold at most.
+SHORT_LENGTH, SHORT_COUNT = 1, 4096
 
 
 def _pieces(total: int, piece: int) -> list[int]:
@@ -43,8 +44,8 @@ def default_probes(
     With ``lengths``, sequences are at most the longest of them and a ``sampled`` probe is drawn
     from them (seeded, at most ``tokens`` tokens). O(tokens / shortest piece).
 
-    >>> default_probes(256)
-    {'long': [256], 'short': [16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16], 'mixed': [128, 32, 32, 32, 32]}
+    >>> {shape: probe[:6] for shape, probe in default_probes(256).items()}  # short: 256 sequences of 1
+    {'long': [256], 'short': [1, 1, 1, 1, 1, 1], 'mixed': [128, 32, 32, 32, 32]}
     """
     longest = tokens if lengths is None else min(tokens, int(max(lengths)))
     short = max(SHORT_LENGTH, -(-tokens // SHORT_COUNT))
