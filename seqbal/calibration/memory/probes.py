@@ -24,7 +24,7 @@ __all__ = ["SHAPES", "SHORT_COUNT", "SHORT_LENGTH", "default_probes", "longest_b
 SHAPES = ("long", "short", "mixed", "sampled")
 #: Shortest sequence the ``short`` probes use (any lengths: a token cap's worst micro-batch may be
 #: all one-token sequences), and how many sequences they hold at most.
-SHORT_LENGTH, SHORT_COUNT = 1, 4096
+SHORT_LENGTH, SHORT_COUNT = 1, 1024
 
 
 def _pieces(total: int, piece: int) -> list[int]:
