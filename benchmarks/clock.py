@@ -78,7 +78,8 @@ RANKS = (4, 8)
 CAPS = (1024, 2048)
 VOCAB = 512
 SIZES = {"h32": dict(hidden=32, heads=2, layers=2, intermediate=88),
-         "h64": dict(hidden=64, heads=2, layers=2, intermediate=176)}
+         "h64": dict(hidden=64, heads=2, layers=2, intermediate=176),
+         "h256": dict(hidden=256, heads=4, layers=4, intermediate=688)}  # on request: a step of tenths of a second
 ATTENTION = ("eager", "sdpa")
 MODELS = ("h64 sdpa", "h32 eager", "h32 sdpa")  # two sizes, both attention kinds; "h64 eager" on request
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .calibration.memory import (
     FEATURES,
     Calibration,
+    ExtrapolationWarning,
     MemoryModel,
     Probe,
     calibrate,
@@ -20,5 +21,5 @@ from .calibration.memory import (
 )
 
 __all__ = [
-    "Calibration", "Probe", "calibrate", "default_probes", "measure_peak", "FEATURES", "MemoryModel", "features", "fit",
+    "Calibration", "ExtrapolationWarning", "Probe", "calibrate", "default_probes", "measure_peak", "FEATURES", "MemoryModel", "features", "fit",
 ]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbal
+import seqbal.memory
 from seqbal.cost import CostModel, MemoryCost
 from seqbal.memory import Calibration, MemoryModel, calibrate, default_probes, features, fit, measure_peak
 
@@ -49,6 +50,24 @@ def test_cpu_meter_excludes_what_was_live_before_and_counts_operator_outputs():
         del z, w
 
     assert measure_peak(step, "cpu") == 12000
+
+
+def test_cpu_meter_prints_nothing_of_its_own_and_keeps_the_steps_output(capfd):
+    torch = pytest.importorskip("torch")
+    import os
+
+    capfd.readouterr()
+    measure_peak(lambda: torch.ones(100) * 2, "cpu")
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)  # torch's profiler prints USDT start/stop lines unless silenced
+
+    def noisy():
+        os.write(2, b"the step's own line\n")
+        return torch.ones(10) * 2
+
+    measure_peak(noisy, "cpu")
+    out, err = capfd.readouterr()
+    assert err == "the step's own line\n" and out == ""
 
 
 def test_meter_rejects_other_devices():
@@ -219,7 +238,8 @@ def test_calibration_recovers_the_model_and_never_probes_over_the_budget():
 def test_an_out_of_memory_probe_is_recorded_and_the_fit_goes_on():
     pytest.importorskip("torch")
     device = _FakeDevice(limit=200 << 20)  # the device is smaller than the budget says
-    cal = calibrate(device.step, 2 << 30, meter=device.meter)
+    with pytest.warns(seqbal.memory.ExtrapolationWarning):
+        cal = calibrate(device.step, 2 << 30, meter=device.meter)
     failed = [p for p in cal.probes if p.peak_bytes is None]
     assert failed and all(p.error.startswith("out of memory: MemoryError") for p in failed)
     assert max(abs(e) for e in cal.probe_errors()) < 1e-6  # the metered ones still fit exactly
@@ -230,7 +250,8 @@ def test_explicit_probes_predicted_over_the_budget_are_skipped():
     pytest.importorskip("torch")
     device = _FakeDevice()
     small = [[64], [32, 32], [128], [16] * 8, [256, 64], [512]]
-    cal = calibrate(device.step, 400 << 20, probes=small + [[20000]], meter=device.meter)
+    with pytest.warns(seqbal.memory.ExtrapolationWarning):  # the probes chosen stop at 512 tokens
+        cal = calibrate(device.step, 400 << 20, probes=small + [[20000]], meter=device.meter)
     assert [20000] not in device.ran and cal.probes[-1].error.startswith("skipped: predicted")
 
 

@@ -6,16 +6,17 @@ lengths (:class:`MemoryModel`), and returns a :class:`Calibration`: the largest 
 whose worst micro-batch stays within a memory budget, a prediction, and a
 :class:`seqbal.CostModel` that caps predicted bytes directly.
 
-The fitting (:mod:`.model`) and the budget logic (:mod:`.calibration`) are pure NumPy; only
+The probe shapes (:mod:`.probes`), the fitting (:mod:`.model`) and the budget logic
+(:mod:`.calibration`) are pure NumPy; only
 metering (:mod:`.meter`) and running probes import torch, when used.
 """
 
 from __future__ import annotations
 
-from .calibration import Calibration, Probe, calibrate, default_probes
+from .calibration import Calibration, ExtrapolationWarning, Probe, calibrate, default_probes
 from .meter import measure_peak
 from .model import FEATURES, MemoryModel, features, fit
 
 __all__ = [
-    "Calibration", "Probe", "calibrate", "default_probes", "measure_peak", "FEATURES", "MemoryModel", "features", "fit",
+    "Calibration", "ExtrapolationWarning", "Probe", "calibrate", "default_probes", "measure_peak", "FEATURES", "MemoryModel", "features", "fit",
 ]

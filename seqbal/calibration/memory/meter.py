@@ -18,7 +18,10 @@ or no optimizer step at all), so that every probe starts from the same baseline.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import os
+import sys
+from typing import Any, Callable, Iterator, Optional
 
 __all__ = ["measure_peak", "OUT_OF_MEMORY"]
 
@@ -71,12 +74,41 @@ def measure_peak(step: Callable[[], Any], device: Optional[Any] = None) -> int:
     return _cpu_peak(step)
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 points at the null device inside: torch's profiler prints a line of its
+    own (``USDT ... profiler_start`` / ``profiler_stop``) from C++ on every start and stop, which
+    ``sys.stderr`` redirection cannot catch. Only the start and the stop are wrapped, never the
+    user's step, so whatever the step prints still shows."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no file descriptor 2 to redirect: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
 def _cpu_peak(step: Callable[[], Any]) -> int:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with _quiet_stderr():
+        prof.start()
+    try:
         step()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     # The raw records, one per allocation (+bytes) or free (-bytes), in time order; the
     # aggregated ``prof.events()`` folds most of them into their operator and loses the order.
     changes = [

@@ -41,10 +41,18 @@ import numpy as np
 from ...cost import CostModel, MemoryCost
 from ..nnls import weighted_nnls
 
-__all__ = ["FEATURES", "MemoryModel", "features", "fit"]
+__all__ = ["FEATURES", "MemoryModel", "envelope", "features", "fit"]
 
 #: Feature names, in the order of :func:`features`' columns and the model's coefficients.
 FEATURES = ("fixed", "per_sequence", "per_token", "per_token_squared", "per_longest", "per_longest_squared")
+#: The most tokens a cap may have: a model whose worst micro-batch of this many tokens still fits
+#: its byte cap predicts (almost) no growth, and no cap is derived from it.
+MAX_CAP_TOKENS = 2 ** 40
+#: The most sequences the worst-case search walks through (``tokens // longest``).
+MAX_WORST_CASE_SEQUENCES = 2 ** 24
+#: Probes whose peak is at least this fraction of the largest are the upper range: the fit is
+#: raised to lie at or above each of them (:func:`envelope`).
+UPPER_RANGE = 1 / 8
 
 
 def features(lengths: Sequence[int]) -> np.ndarray:
@@ -82,6 +90,29 @@ def fit(rows: np.ndarray, peaks: np.ndarray) -> np.ndarray:
     if (peaks <= 0).any():
         raise ValueError(f"peaks must be positive, got {peaks.min()}")
     return weighted_nnls(rows, peaks, 1.0 / np.sqrt(peaks * peaks.max()))
+
+
+def envelope(rows: np.ndarray, peaks: np.ndarray, coefficients: np.ndarray, upper: float = UPPER_RANGE) -> float:
+    """The factor (>= 1) that raises ``coefficients`` until the fit is at or above every probe
+    of the upper range (peak >= ``upper`` x the largest). O(P).
+
+    Why: a plan packs micro-batches up to a byte cap, so the fit's errors there matter one way
+    only. A least-squares fit under-predicts about half the probes it passes between; raised to
+    their envelope, the fit minus any lower bound of the true peak that holds at those probes
+    (a linear function of the features, non-negative at each of them) stays non-negative on
+    their convex hull, where the micro-batches near the cap lie.
+
+    >>> rows = np.array([features([s]) for s in (100, 200, 400)])
+    >>> float(envelope(rows, np.array([110.0, 190.0, 400.0]), np.array([0, 0, 1.0, 0, 0, 0])))
+    1.1
+    """
+    rows = np.asarray(rows, dtype=np.float64)
+    peaks = np.asarray(peaks, dtype=np.float64)
+    predicted = rows @ np.asarray(coefficients, dtype=np.float64)
+    chosen = peaks >= upper * peaks.max()
+    if not (predicted[chosen] > 0).all():
+        return 1.0
+    return max(1.0, float((peaks[chosen] / predicted[chosen]).max()))
 
 
 def _run_features(high: int, longs: int, low: int, shorts: int, middle: int) -> np.ndarray:
@@ -150,7 +181,11 @@ class MemoryModel:
         """The largest predicted peak of a micro-batch of at most ``tokens`` tokens whose lengths
         lie in ``length_range = (shortest, longest)`` (default ``(1, tokens)``: any lengths),
         and one such micro-batch (lengths, longest first). Exact: the model is convex in the
-        lengths, so the worst is at a vertex (module docstring). O(tokens / longest).
+        lengths, so the worst is at a vertex (module docstring). O(tokens / longest), vectorised.
+
+        Raises:
+            ValueError: more than :data:`MAX_WORST_CASE_SEQUENCES` sequences of the longest
+                length fit in ``tokens`` (no cap is ever that large: :meth:`max_token_len`).
         """
         tokens = int(tokens)
         low, high = length_range if length_range is not None else (1, tokens)
@@ -158,42 +193,99 @@ class MemoryModel:
         low = int(low)
         if tokens < 1 or low < 1 or low > high:
             return 0, []
-        best, example = -1.0, (0, 0, 0)
+        if tokens // high > MAX_WORST_CASE_SEQUENCES:
+            raise ValueError(f"a micro-batch of {tokens} tokens holds over {MAX_WORST_CASE_SEQUENCES} sequences of "
+                             f"{high} tokens: too many to search for its worst case")
         c = self.coefficients
-        for k in range(0, tokens // high + 1):
-            rest = tokens - k * high
-            many = rest // low
-            # The rest is m shortest sequences and at most one other (the vertices); convex in m,
-            # so only the ends of each family count: no other, or one taking all that is left.
-            candidates = [(k, m, 0) for m in {0, many} if k + m]
-            fewest = max(0, -(-(rest - high) // low))  # the other must not be longer than high
-            for m in {fewest, many - 1}:
-                middle = rest - m * low
-                if 0 <= m and low <= middle <= high:
-                    candidates.append((k, m, middle))
-            for longs, shorts, middle in candidates:
-                value = float(_run_features(high, longs, low, shorts, middle) @ c)
-                if value > best:
-                    best, example = value, (longs, shorts, middle)
+        k = np.arange(0, tokens // high + 1, dtype=np.int64)
+        rest = tokens - k * high
+        many = rest // low
+        fewest = np.maximum(0, -(-(rest - high) // low))  # the other must not be longer than high
+        # The rest is m shortest sequences and at most one other (the vertices); convex in m, so
+        # only the ends of each family count: no other, or one taking all that is left.
+        families = [(np.zeros_like(k), np.zeros_like(k)), (many, np.zeros_like(k)),
+                    (fewest, rest - fewest * low), (many - 1, rest - (many - 1) * low)]
+        best, example = -1.0, (0, 0, 0)
+        for shorts, middle in families:
+            valid = (shorts >= 0) & (k + shorts + (middle > 0) > 0)
+            valid &= (middle == 0) | ((middle >= low) & (middle <= high))
+            if not valid.any():
+                continue
+            longs, shorts, middle = k[valid], shorts[valid], middle[valid]
+            n = longs + shorts + (middle > 0)
+            total = longs * high + shorts * low + middle
+            squares = longs * float(high * high) + shorts * float(low * low) + middle.astype(np.float64) ** 2
+            longest = np.maximum(np.maximum(np.where(longs > 0, high, 0), np.where(shorts > 0, low, 0)), middle)
+            longest = longest.astype(np.float64)
+            values = (c[0] + c[1] * n + c[2] * total + c[3] * squares + c[4] * longest + c[5] * longest * longest)
+            at = int(np.argmax(values))
+            if values[at] > best:
+                best, example = float(values[at]), (int(longs[at]), int(shorts[at]), int(middle[at]))
         longs, shorts, middle = example
         return int(math.ceil(best)), sorted([high] * longs + [low] * shorts + ([middle] if middle else []), reverse=True)
 
+    def _floor(self, tokens: int, low: int, high: int) -> float:
+        """A lower bound of :meth:`worst_case` in O(1): ``tokens // h`` sequences of
+        ``h = min(high, tokens)`` (a micro-batch of at most ``tokens`` tokens in the range)."""
+        h = min(high, tokens)
+        return float(_run_features(h, tokens // h, low, 0, 0) @ self.coefficients)
+
     def max_token_len(self, byte_cap: int, length_range: Optional[tuple[int, int]] = None) -> int:
         """The largest ``T`` whose :meth:`worst_case` is ``<= byte_cap`` (0 when not even one
-        token fits). Bisection: the worst case only grows with ``T``. O(log T * T / longest)."""
+        sequence of the shortest length fits). Bisection: the worst case only grows with
+        ``T``; an O(1) lower bound finds its upper end. O(log T * T / longest).
+
+        Raises:
+            ValueError: the model predicts (almost) no growth: a micro-batch of
+                :data:`MAX_CAP_TOKENS` tokens would still fit ``byte_cap``, or the worst case
+                would have to search more than :data:`MAX_WORST_CASE_SEQUENCES` sequences.
+        """
         low = 1 if length_range is None else int(length_range[0])
+        high = MAX_CAP_TOKENS if length_range is None else int(length_range[1])
         if self.worst_case(low, length_range)[0] > byte_cap:
             return 0
-        high = low
-        while self.worst_case(high * 2, length_range)[0] <= byte_cap:
-            high *= 2
-            if high > 2 ** 40:
-                raise ValueError(f"the fitted model predicts no growth with tokens: no finite cap under {byte_cap} bytes")
-        low, high = high, high * 2  # worst(low) fits, worst(high) does not
-        while high - low > 1:
-            middle = (low + high) // 2
+        upper = low
+        while self._floor(upper, low, high) <= byte_cap:
+            upper *= 2
+            if upper > MAX_CAP_TOKENS:
+                raise ValueError(
+                    f"the fitted model predicts (almost) no growth with tokens: a micro-batch of {upper // 2} tokens "
+                    f"is predicted at {self._floor(upper // 2, low, high):.0f} bytes, still within {byte_cap}: "
+                    f"no finite cap ({self!r})")
+        if upper // min(high, upper) > MAX_WORST_CASE_SEQUENCES:
+            raise ValueError(
+                f"the fitted model grows too slowly for a cap: {byte_cap} bytes admit over "
+                f"{MAX_WORST_CASE_SEQUENCES} sequences of {min(high, upper)} tokens ({self!r})")
+        fits, over = low, upper  # worst(fits) <= byte_cap < worst(over)
+        while over - fits > 1:
+            middle = (fits + over) // 2
             if self.worst_case(middle, length_range)[0] <= byte_cap:
-                low = middle
+                fits = middle
             else:
-                high = middle
-        return low
+                over = middle
+        return fits
+
+    def max_tokens_by_bytes(self, byte_cap: int, length_range: Optional[tuple[int, int]] = None) -> float:
+        """An upper bound of the tokens of any micro-batch whose :meth:`cost_model` cost is
+        within ``byte_cap`` (lengths in ``length_range``, default any): the cap less the fixed
+        bytes over the cheapest bytes per token of one sample. ``inf`` when a token costs
+        nothing. O(1).
+
+        >>> MemoryModel(fixed=100.0, per_sequence=50.0, per_token=10.0, per_token_squared=0.5).max_tokens_by_bytes(3100)
+        150.0
+        """
+        memory = self.cost_model().memory
+        low = 1 if length_range is None else int(length_range[0])
+        high = None if length_range is None else int(length_range[1])
+        candidates = {low} if high is None else {low, high}
+        if memory.per_token_squared > 0:
+            best = math.sqrt(memory.per_sequence / memory.per_token_squared)
+            for s in (math.floor(best), math.ceil(best)):
+                candidates.add(max(low, s) if high is None else min(max(low, s), high))
+        lengths = np.array(sorted(s for s in candidates if s >= 1), dtype=np.int64)
+        per_token = float((memory.sample_bytes(lengths) / lengths).min())
+        if high is None and memory.per_token_squared == 0:
+            per_token = min(per_token, memory.per_token)  # the longest sequences, as long as any
+        if per_token <= 0:
+            return math.inf
+        return max(0.0, (byte_cap - memory.fixed) / per_token)
