@@ -494,13 +494,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="also time a control: rank 0's micro-batches on every rank (the clock's noise floor)")
     parser.add_argument("--json", help="also write every row to this JSON file")
     parser.add_argument("--tables", metavar="JSON", nargs="+",
-                        help="only print the tables of saved runs (--json files, or their .partial rows)")
+                        help="only print the tables of saved runs (--json files, or their .partial rows, one per line, also as .jsonl)")
     args = parser.parse_args(argv)
     if args.tables:
         rows, notes = [], []
         for path in args.tables:
             text = Path(path).read_text()
-            if path.endswith(".partial"):
+            if path.endswith((".partial", ".jsonl")):  # rows written one per line as each case ends
                 rows += [json.loads(line) for line in text.splitlines() if line.strip()]
             else:
                 rows += json.loads(text)["rows"]
