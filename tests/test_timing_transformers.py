@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the TRL environments have it)")
 torch = pytest.importorskip("torch")
 
 from seqbal.integrations.transformers_timing import lengths_of, timing_callback  # noqa: E402
