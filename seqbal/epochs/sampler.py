@@ -37,7 +37,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix, swap_rounds
+from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array, is_int
@@ -66,8 +66,8 @@ FRESH_COUNT_SLACK = 0.01
 #: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
 #: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
 #: tight for a deal, then the tight plan; the last three re-mixed by
-#: :func:`~seqbal.partition.fresh_mix.swap_mix` (the last always fits), the deals by a few
-#: rounds of it (:func:`~seqbal.partition.fresh_mix.swap_rounds`, none past 10^6 items).
+#: :func:`~seqbal.partition.fresh_mix.swap_mix` (the last always fits). A deal is kept as
+#: drawn: swaps would cost the per-step balance its slots keep.
 DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03), ("swaps", 0.0))
 
 
@@ -420,11 +420,8 @@ class TokenBudgetBatchSampler:
         rng = self._rng(epoch, attempt)
         kind, noise = DRAWS[attempt]
         items = self._items
-        if kind == "deal":  # random already; a few swaps break what the deal's order leaves
-            bins = fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
-            rounds = swap_rounds(len(items), within_work=True)
-            return None if bins is None or not rounds else swap_mix(bins, items.additive, items.capacity, rng,
-                                                                     rounds=rounds)
+        if kind == "deal":  # random already; swaps here would cost the slots' balance (the deal keeps it)
+            return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
         if kind == "swaps":
             if count != self.count:
                 return None
