@@ -128,8 +128,10 @@ def fill_bins(
     padded: bool = False,
     max_samples: Optional[int] = None,
     quota: Optional[tuple[int, int]] = None,
+    oldest_only: bool = False,
 ) -> Optional[list[list[int]]]:
     """Fill ``count`` micro-batches from groups given in arrival order (see the module docstring).
+    ``oldest_only``: the oldest-first fill alone, never a fuller one from younger groups.
 
     Args:
         cost: each group's cost alone (token cost: its rounded tokens; padded cost: samples x
@@ -156,7 +158,7 @@ def fill_bins(
     [[0, 2], [1, 3]]
     """
     oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
-    if mandatory >= len(cost):
+    if mandatory >= len(cost) or oldest_only:
         return [sorted(members) for members in oldest.members]
     kept, best = oldest, _placed_cost(oldest, cost)
     threshold = best / OLDEST_FIRST_SHARE

@@ -248,6 +248,10 @@ class StepPlanner:
         self.micro_batch_order = check_micro_batch_order(micro_batch_order)
         self.steps = 0
         self.oldest_patience = OLDEST_PATIENCE
+        #: Without ``max_wait_steps``: True fills every step oldest first only, never a fuller
+        #: fill from younger groups (a trainer that builds a new planner each step, whose
+        #: buffer must drain in order).
+        self.oldest_first = False
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step,
                           workload_fn)
         self._staged: list[Arrivals] = []
@@ -438,7 +442,8 @@ class StepPlanner:
         def fill(mandatory: int, quota: Optional[tuple[int, int]] = None) -> Optional[list[list[int]]]:
             return fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
                              mandatory=mandatory, padded=self.cost_model.padded,
-                             max_samples=self.max_samples_per_micro_batch, quota=quota)
+                             max_samples=self.max_samples_per_micro_batch, quota=quota,
+                             oldest_only=self.oldest_first and self.max_wait_steps is None)
 
         low, safe = self._mandatory(count)
         bins = fill(low)
@@ -482,6 +487,8 @@ class StepPlanner:
         born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
         w = self.max_wait_steps
         if w is None:
+            if self.oldest_first:  # the K x ranks oldest groups go first, every step
+                return count, count
             first = int(self.steps - int(born[0]) >= self.oldest_patience)
             return first, first
         horizon = born + w - self.steps  # steps from now to each group's last step
