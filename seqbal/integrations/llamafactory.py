@@ -179,7 +179,6 @@ def _generate_batch(strategy: str, buffer: Any, batch_info: dict) -> Optional[li
                           cost_model=cost_model, max_samples_per_micro_batch=sample_cap,
                           **_settings.get("plan", PlanSettings()).keywords())
     planner.oldest_first = True  # a new planner every step: the buffer drains oldest first, none left behind
-    planner.oldest_patience = 0
     planner.add(range(len(samples)), [_length(s) for s in samples])  # oldest first: buffer order
     step = planner.next_step()
     if step is None:
