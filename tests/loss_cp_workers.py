@@ -19,6 +19,7 @@ from tensordict import TensorDict
 import seqbal
 
 from . import loss_workers as base
+from .process_group import close_process_group
 
 DP, CP = 2, 2
 
@@ -113,7 +114,7 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             records[f"pairs/{reduction}"] = pair_step(rank, reduction, groups)
         for kind in ("missing_key", "more_samples"):
             records[f"error/{kind}"] = error_scenario(rank, kind, groups)
-        dist.destroy_process_group()
+        close_process_group()
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
     base.write_records_and_exit(out_dir, rank, records)

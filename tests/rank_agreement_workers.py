@@ -98,6 +98,7 @@ def outcome(build: Callable[[], Any]) -> dict:
 
 def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
+    from tests.process_group import close_process_group
 
     from seqbal.epochs.sampler import TokenBudgetBatchSampler, pack_rows
     from seqbal.integrations.trl import sampler_for_trainer
@@ -124,7 +125,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         records["crash"] = traceback.format_exc()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(records, handle)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import numpy as np
 import torch.distributed as dist
 
 from seqbal.epochs.sampler import TokenBudgetBatchSampler, pack_rows
+from tests.process_group import close_process_group
 
 BASE = np.random.default_rng(7).integers(20, 900, 600)
 
@@ -64,7 +65,7 @@ def main(out_dir: str) -> None:
             records[scenario] = {"ok": False, "error": str(error)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(records, f)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":

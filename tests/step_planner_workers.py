@@ -89,6 +89,7 @@ def run_scenario(name: str, rank: int, world: int, dist: Any, group: Any) -> dic
 
 def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
+    from tests.process_group import close_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=TIMEOUT_S))
@@ -100,7 +101,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             results[name] = {"crash": traceback.format_exc()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ def _rank(rank, world, init_file, out_dir):
 
     import numpy as np
     import torch.distributed as dist
+    from tests.process_group import close_process_group
     import verl.utils.seqlen_balancing as verl_balancing
     import verl.workers.engine.utils as engine_utils
     from verl.protocol import DataProto
@@ -84,7 +85,7 @@ def _rank(rank, world, init_file, out_dir):
     seqbal_verl.uninstall()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(records, handle, default=lambda value: np.asarray(value).tolist())
-    dist.destroy_process_group()
+    close_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -283,6 +283,7 @@ def _engine_rank(rank, world, init_file, out_dir):
     from datetime import timedelta
 
     import torch.distributed as dist
+    from tests.process_group import close_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=20))
     records = {}
@@ -301,7 +302,7 @@ def _engine_rank(rank, world, init_file, out_dir):
             records[name] = {"error": str(error)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(records, handle)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 @needs_verl

@@ -70,6 +70,7 @@ def run(rank: int, world: int, dist: Any) -> dict:
 
 def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
     import torch.distributed as dist
+    from tests.process_group import close_process_group
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=TIMEOUT_S))
@@ -79,7 +80,7 @@ def main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         result = {"crash": traceback.format_exc()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(result, handle)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":

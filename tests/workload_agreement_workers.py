@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from seqbal import StepPlanner, TokenBudgetBatchSampler, make_workload_fn, plan_micro_batches
 from seqbal.epochs.sampler import pack_rows
+from tests.process_group import close_process_group
 
 LENGTHS = np.random.default_rng(11).integers(20, 900, 64)
 SAME = make_workload_fn(1024)
@@ -75,7 +76,7 @@ def main(out_dir: str) -> None:
     records["stream_order"] = _record(stream_order)
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(records, f)
-    dist.destroy_process_group()
+    close_process_group()
 
 
 if __name__ == "__main__":
