@@ -9,8 +9,10 @@ data. But a plan made once and only relabelled keeps the same lengths together f
 run, and SGD wants a fresh random mix every epoch. So the count is fixed once, when the sampler
 is built, and every epoch draws a new random partition at exactly that count
 (:mod:`seqbal.partition.fresh_mix`): noisy-decreasing LPT dealing, then best fit for what is
-left, then slots of similar work dealt to the ranks. The count: best-fit decreasing (BFD) gives
-a near-optimal one, rounded up to a multiple of ``num_replicas x gradient_accumulation_steps``
+left, then swaps of near-equal items between micro-batches that keep every micro-batch's load
+where the deal put it (they break the pairs the deal's order repeats where micro-batches hold
+few items), then slots of similar work dealt to the ranks. The count: best-fit decreasing (BFD)
+gives a near-optimal one, rounded up to a multiple of ``num_replicas x gradient_accumulation_steps``
 (where it is more than 1% above the packing lower bound, as with large forced groups, the
 count of :func:`seqbal.build_dp_schedule` where that is lower: the tight count); if a fresh
 draw fits at that count it is the count, else the next multiple within 1% above it where a
@@ -37,7 +39,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix
+from ..partition.fresh_mix import deal_slots, fresh_mix_bins, noisy_best_fit_bins, swap_mix, swap_rounds
 from ..partition.parts import _assignment_from_groups, _groups_from_assignment
 from ..schedule.inputs import raise_if_over
 from ..validation import int_argument, int_array, is_int
@@ -58,16 +60,22 @@ def _workload_setting(workload_fn: Optional[WorkloadFn], lengths: np.ndarray) ->
     workloads = checked_workloads(lengths, workload_fn)
     return digest((workload_digest(workload_fn), digest(workloads))), workloads
 
-__all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DRAWS"]
+__all__ = ["TokenBudgetBatchSampler", "pack_rows", "FRESH_COUNT_SLACK", "DEAL_SWAP_BAND", "DRAWS"]
 
 #: How far above the tight count (BFD's, or the schedule's) the fresh mix's count may go: 1%.
 FRESH_COUNT_SLACK = 0.01
+#: After a deal, swaps of items of near-equal size move each micro-batch's load by at most this
+#: share of the cap (1%): the deal's order leaves the same tight pairs on inputs with few items
+#: per micro-batch (uniform lengths up to the cap), and these swaps break them while every
+#: micro-batch keeps about the load the deal gave it (the per-step balance of its slots).
+DEAL_SWAP_BAND = 0.01
 #: The random draws an epoch tries, in order: two LPT deals
 #: (:func:`~seqbal.partition.fresh_mix.fresh_mix_bins`), then noisy best fits
 #: (:func:`~seqbal.partition.fresh_mix.noisy_best_fit_bins`, with this noise) for inputs too
 #: tight for a deal, then the tight plan; the last three re-mixed by
-#: :func:`~seqbal.partition.fresh_mix.swap_mix` (the last always fits). A deal is kept as
-#: drawn: swaps would cost the per-step balance its slots keep.
+#: :func:`~seqbal.partition.fresh_mix.swap_mix` (the last always fits). A deal is re-mixed
+#: too, but only by swaps that keep every micro-batch within :data:`DEAL_SWAP_BAND` of its dealt
+#: load: the deal's balanced slots stay balanced.
 DRAWS = (("deal", 0.0), ("deal", 0.0), ("best fit", 0.1), ("best fit", 0.03), ("swaps", 0.0))
 
 
@@ -420,8 +428,13 @@ class TokenBudgetBatchSampler:
         rng = self._rng(epoch, attempt)
         kind, noise = DRAWS[attempt]
         items = self._items
-        if kind == "deal":  # random already; swaps here would cost the slots' balance (the deal keeps it)
-            return fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
+        if kind == "deal":
+            bins = fresh_mix_bins(items.additive, count, items.capacity, rng, max_items=self._max_items)
+            rounds = swap_rounds(len(items), within_work=True)  # none past 10^6 items: random enough there
+            if bins is None or not rounds:
+                return bins
+            return swap_mix(bins, items.additive, items.capacity, rng, rounds=rounds,
+                            band=int(DEAL_SWAP_BAND * items.capacity))
         if kind == "swaps":
             if count != self.count:
                 return None

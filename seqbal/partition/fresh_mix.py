@@ -256,9 +256,14 @@ def swap_mix(
     rng: np.random.Generator,
     *,
     rounds: Optional[int] = None,
+    band: Optional[int] = None,
 ) -> np.ndarray:
     """A partition re-mixed by random swaps of items of similar cost between bins, each bin
     kept within the cap: a fresh mix at the same count for inputs too tight for a random draw.
+
+    With ``band``, every bin's cost also stays within ``band`` of its cost on entry, and items
+    pair with those within about ``band`` of their own cost: the members change, the loads
+    barely move, so a partition whose bins were balanced stays balanced.
 
     Every round sorts the items by cost plus a random amount (up to a few times the mean room a
     bin has left), pairs neighbours in that order and swaps every pair whose two bins stay
@@ -274,9 +279,11 @@ def swap_mix(
         rng: the random stream; the same stream gives the same result on every machine.
         rounds: rounds of swaps; default :data:`SWAP_ROUNDS`, more on small inputs
             (:data:`SWAP_WORK`, :data:`MAX_SWAP_ROUNDS`).
+        band: the most a bin's cost may move from its cost on entry (None: up to the cap).
 
     Returns:
-        a new bin array: the same bins, the same item count in each, each within ``capacity``.
+        a new bin array: the same bins, the same item count in each, each within ``capacity``
+        (and within ``band`` of its cost on entry).
 
     Complexity: O(rounds * n log n) in NumPy (by default at most
     ``max(SWAP_ROUNDS * n, SWAP_WORK)`` item-rounds); memory O(n + K).
@@ -295,8 +302,16 @@ def swap_mix(
     num_bins = int(bins.max()) + 1
     loads = np.bincount(bins, weights=costs, minlength=num_bins).astype(np.int64)
     mean_room = max(1.0, float(num_bins * capacity - int(loads.sum())) / num_bins)
+    if band is not None:
+        band = int(band)
+        if band < 0:
+            raise ValueError(f"swap_mix: band must be >= 0, got {band}")
+        ceiling = np.minimum(capacity, loads + band)
+        floor = loads - band
+    else:
+        ceiling, floor = np.full(num_bins, capacity, dtype=np.int64), None
     for r in range(rounds):
-        width = mean_room * SWAP_WIDTHS[r % len(SWAP_WIDTHS)]
+        width = mean_room * SWAP_WIDTHS[r % len(SWAP_WIDTHS)] if band is None else max(band, 1)
         order = np.argsort(costs + width * rng.random(n), kind="stable")
         shift = int(rng.integers(2))
         pairs = (n - shift) // 2
@@ -306,8 +321,11 @@ def swap_mix(
         valid = bin_a != bin_b
         up = np.bincount(bin_a, weights=np.where(valid & (rise > 0), rise, 0), minlength=num_bins)
         up += np.bincount(bin_b, weights=np.where(valid & (rise < 0), -rise, 0), minlength=num_bins)
-        room = capacity - loads
-        fits = up <= room
+        fits = up <= ceiling - loads
+        if floor is not None:  # a bin's falls in the round, summed, keep it above its floor
+            down = np.bincount(bin_a, weights=np.where(valid & (rise < 0), -rise, 0), minlength=num_bins)
+            down += np.bincount(bin_b, weights=np.where(valid & (rise > 0), rise, 0), minlength=num_bins)
+            fits &= down <= loads - floor
         ok = valid & fits[bin_a] & fits[bin_b]
         a, b, bin_a, bin_b, rise = a[ok], b[ok], bin_a[ok], bin_b[ok], rise[ok]
         bins[a], bins[b] = bin_b, bin_a
