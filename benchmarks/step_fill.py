@@ -3,6 +3,7 @@
     python -m benchmarks.step_fill                # the table of docs/benchmarks.md
     python -m benchmarks.step_fill --steps 40     # shorter
     python -m benchmarks.step_fill --smoke        # seconds, for tests/test_benchmark_smoke.py
+    python -m benchmarks.step_fill --oldest-first # the planner with oldest_first=True
 
 :class:`seqbal.StepPlanner` with ``micro_batches_per_step=1`` on 4 ranks under a cap of 4096
 tokens, fed groups of 4 samples (a group is never split): 4 random samples of one length list,
@@ -80,9 +81,10 @@ def ffd_tokens(group_tokens: list[int], bins: int, capacity: int) -> int:
     return placed
 
 
-def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int, seed: int) -> dict:
+def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int, seed: int,
+             oldest_first: bool = False) -> dict:
     rng = np.random.default_rng(seed)
-    planner = StepPlanner(CAP, RANKS, micro_batches_per_step=K, max_wait_steps=wait)
+    planner = StepPlanner(CAP, RANKS, micro_batches_per_step=K, max_wait_steps=wait, oldest_first=oldest_first)
     capacity = CAP * K * RANKS
     mean_groups = 0.9 * capacity / (GROUP * float(np.mean(lengths)))
     pending: dict[int, tuple[int, int]] = {}  # group id -> (tokens, step it arrived before)
@@ -118,7 +120,7 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
     return {"ratios": ratios, "waits": waits, "times": times}
 
 
-def table(steps: int, seeds: int) -> list[str]:
+def table(steps: int, seeds: int, oldest_first: bool = False) -> list[str]:
     lists = dict(length_lists())
     lists["uniform 1-1024"] = np.arange(1, CAP // GROUP + 1, dtype=np.int64)
     out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | mean | steps under 0.95 | "
@@ -127,7 +129,7 @@ def table(steps: int, seeds: int) -> list[str]:
         for scenario, (arrivals, wait) in SCENARIOS.items():
             ratios, waits, times = [], [], []
             for seed in range(seeds):
-                result = simulate(lengths, arrivals, wait, steps, seed)
+                result = simulate(lengths, arrivals, wait, steps, seed, oldest_first)
                 ratios += result["ratios"]
                 waits += result["waits"]
                 times += result["times"]
@@ -145,9 +147,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=200, help="steps per run")
     parser.add_argument("--seeds", type=int, default=3, help="runs per list and scenario")
     parser.add_argument("--smoke", action="store_true", help="seconds: 20 steps, one seed")
+    parser.add_argument("--oldest-first", action="store_true", help="StepPlanner(oldest_first=True)")
     args = parser.parse_args(argv)
     steps, seeds = (20, 1) if args.smoke else (args.steps, args.seeds)
-    for line in table(steps, seeds):
+    for line in table(steps, seeds, args.oldest_first):
         print(line, flush=True)
 
 

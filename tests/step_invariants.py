@@ -18,7 +18,7 @@ class Tracker:
     """What a planner was given, and the checks of what it returns.
 
     Attributes:
-        cap, ranks, k, s, cost, max_samples, wait: the planner's settings.
+        cap, ranks, k, s, cost, max_samples, wait, oldest_first: the planner's settings.
         length, group, born: per pending or emitted sample index: its length, its group key and
             the number of steps taken before it was added.
         order: group keys in arrival order (pending ones).
@@ -32,6 +32,7 @@ class Tracker:
     cost: Any = None
     max_samples: Optional[int] = None
     wait: Optional[int] = None
+    oldest_first: bool = False
     length: dict[int, int] = field(default_factory=dict)
     group: dict[int, tuple] = field(default_factory=dict)
     born: dict[int, int] = field(default_factory=dict)
@@ -110,13 +111,15 @@ class Tracker:
             assert flush or not has_dummy, "a dummy micro-batch outside a flush"
             if has_dummy:
                 assert len(taken_groups) < self.k * self.ranks, "dummies although the groups could fill every micro-batch"
-            # a pool that cannot fill the step leaves whole; else, without max_wait_steps, the
-            # oldest group once it has waited OLDEST_PATIENCE steps (no group waits for ever);
-            # max_wait_steps is checked below
+            # a pool that cannot fill the step leaves whole; else with oldest_first the K x ranks
+            # oldest groups, or without max_wait_steps the oldest group once it has waited
+            # OLDEST_PATIENCE steps (no group waits for ever); max_wait_steps is checked below
             from seqbal.stream.planner import OLDEST_PATIENCE  # the default of oldest_patience
 
             must = self.order
-            if len(self.order) > self.k * self.ranks:
+            if len(self.order) > self.k * self.ranks and self.oldest_first:
+                must = self.order[:self.k * self.ranks]
+            elif len(self.order) > self.k * self.ranks:
                 oldest = self.order[0]
                 patient = self.wait is None and self.steps - self.born[self.members[oldest][0]] >= OLDEST_PATIENCE
                 must = self.order[:1] if patient else []

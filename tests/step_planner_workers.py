@@ -46,6 +46,8 @@ SCENARIOS = {
     "mismatch": dict(micro_batches_per_step=1),
     "over_cap": dict(micro_batches_per_step=1),
     "wait": dict(micro_batches_per_step=1, max_wait_steps=2),
+    "oldest_first": dict(micro_batches_per_step=2, oldest_first=True),
+    "mismatch_oldest": dict(micro_batches_per_step=1),
 }
 
 
@@ -55,6 +57,8 @@ def run_scenario(name: str, rank: int, world: int, dist: Any, group: Any) -> dic
     kwargs = dict(SCENARIOS[name])
     if name == "mismatch" and rank == world - 1:
         kwargs["micro_batches_per_step"] = 2
+    if name == "mismatch_oldest" and rank == world - 1:
+        kwargs["oldest_first"] = True
     planner = StepPlanner(CAP, world, dp_group=group, **kwargs)
     calls = {"n": 0}
     original = dist.all_gather_object

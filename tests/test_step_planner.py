@@ -89,7 +89,9 @@ def streams(draw):
         else:
             ops.append(("step", draw(st.integers(0, 4)) == 0))
     even = draw(st.sampled_from([None, True, False]))
-    return dict(ranks=ranks, cap=cap, k=k, s=s, cost=cost, max_samples=max_samples, wait=wait, even=even), ops
+    oldest_first = fixed_count and draw(st.booleans())
+    return dict(ranks=ranks, cap=cap, k=k, s=s, cost=cost, max_samples=max_samples, wait=wait, even=even,
+                oldest_first=oldest_first), ops
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -99,9 +101,9 @@ def test_every_promise_under_random_streams(case):
     planner = StepPlanner(config["cap"], config["ranks"], micro_batches_per_step=config["k"],
                           samples_per_step=config["s"], cost_model=config["cost"],
                           max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
-                          even_slots=config["even"])
+                          even_slots=config["even"], oldest_first=config["oldest_first"])
     tracker = Tracker(config["cap"], config["ranks"], k=config["k"], s=config["s"], cost=config["cost"],
-                      max_samples=config["max_samples"], wait=config["wait"])
+                      max_samples=config["max_samples"], wait=config["wait"], oldest_first=config["oldest_first"])
     run_stream(planner, tracker, ops)
 
 
@@ -113,7 +115,7 @@ def test_deterministic_and_resumable(case):
     config, ops = case
     kwargs = dict(micro_batches_per_step=config["k"], samples_per_step=config["s"], cost_model=config["cost"],
                   max_samples_per_micro_batch=config["max_samples"], max_wait_steps=config["wait"],
-                  even_slots=config["even"])
+                  even_slots=config["even"], oldest_first=config["oldest_first"])
     a, b = (StepPlanner(config["cap"], config["ranks"], **kwargs) for _ in range(2))
     restored = None
     for position, op in enumerate(ops + [("step", True)] * 3):
@@ -149,12 +151,14 @@ def test_fill_leaves_out_only_what_fits_nowhere(data):
     if data.draw(st.booleans()):
         prefix = data.draw(st.integers(mandatory, n))
         quota = (prefix, data.draw(st.integers(0, min(prefix, count))))
-    bins = fill_bins(cost, np.ones(n, np.int64), cost, count, cap, mandatory=mandatory, quota=quota)
+    oldest_only = data.draw(st.booleans())
+    bins = fill_bins(cost, np.ones(n, np.int64), cost, count, cap, mandatory=mandatory, quota=quota,
+                     oldest_only=oldest_only)
     assert bins is not None, "the token cost always meets a quota"
     loads = [int(cost[b].sum()) for b in bins]
     assert len(bins) == count and max(loads) <= cap
     placed = {g for b in bins for g in b}
-    assert set(range(mandatory)) <= placed
+    assert set(range(min(n, count) if oldest_only else mandatory)) <= placed
     if quota is not None:
         assert sum(g < quota[0] for g in placed) >= quota[1]
     for g in set(range(n)) - placed:
@@ -263,6 +267,26 @@ def test_arguments_are_checked():
         StepPlanner(10, 1, samples_per_step=4, max_wait_steps=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
     with pytest.raises(ValueError, match="exceeds samples_per_step=2"):
         StepPlanner(10, 1, samples_per_step=2).add(range(3), [1, 1, 1], groups=[0, 0, 0])
+    with pytest.raises(ValueError, match="oldest_first must be True or False, got 'yes'"):
+        StepPlanner(10, 1, micro_batches_per_step=1, oldest_first="yes")
+    with pytest.raises(ValueError, match="oldest_first=True is for micro_batches_per_step"):
+        StepPlanner(10, 1, samples_per_step=2, oldest_first=True)
+
+
+@pytest.mark.parametrize("wait", [None, 1])
+def test_oldest_first_takes_the_oldest_groups_where_the_fuller_fill_skips_one(wait):
+    """Cap 10, two micro-batches, groups of 4, 1, 7 and 7 tokens: the fuller fill takes both 7s
+    and leaves the oldest group (4) behind; oldest_first takes the two oldest and the first 7,
+    the second 7 waits (the pool drains in arrival order)."""
+    default = StepPlanner(10, 1, micro_batches_per_step=2, max_wait_steps=wait)
+    oldest = StepPlanner(10, 1, micro_batches_per_step=2, max_wait_steps=wait, oldest_first=True)
+    for planner in (default, oldest):
+        planner.add(range(4), [4, 1, 7, 7])
+    assert sorted(default.next_step()[0]) == [[1, 3], [2]] and default.pending == 1
+    assert sorted(oldest.next_step()[0]) == [[0, 1], [2]] and oldest.pending == 1
+    oldest.oldest_first = False  # the attribute is the setting: the next steps use the fuller fill
+    oldest.add(range(4, 7), [4, 1, 7])
+    assert sorted(oldest.next_step()[0]) == [[3], [5, 6]]
 
 
 def test_streams_benchmark_runs_and_holds_the_cap():

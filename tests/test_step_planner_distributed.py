@@ -49,7 +49,8 @@ def reference(name: str, size: int, skip_step: int = -1) -> list:
     (a step in ``skip_step`` had its arrivals refused)."""
     planner = StepPlanner(CAP, size, **SCENARIOS[name])
     tracker = Tracker(CAP, size, k=SCENARIOS[name].get("micro_batches_per_step"),
-                      s=SCENARIOS[name].get("samples_per_step"), wait=SCENARIOS[name].get("max_wait_steps"))
+                      s=SCENARIOS[name].get("samples_per_step"), wait=SCENARIOS[name].get("max_wait_steps"),
+                      oldest_first=SCENARIOS[name].get("oldest_first", False))
     steps = []
     for step in range(STEPS):
         if step == skip_step:  # refused on every rank: no step taken
@@ -65,7 +66,7 @@ def reference(name: str, size: int, skip_step: int = -1) -> list:
     return steps
 
 
-@pytest.mark.parametrize("name", ["fixed_count", "fixed_samples", "wait"])
+@pytest.mark.parametrize("name", ["fixed_count", "fixed_samples", "wait", "oldest_first"])
 def test_every_rank_takes_the_steps_of_one_planner(world, name):
     size, records = world
     expected = reference(name, size)
@@ -87,12 +88,15 @@ def test_an_index_on_two_ranks_raises_on_every_rank_and_loses_nothing_else(world
         assert record["duplicate"]["collectives"] == [1] * STEPS
 
 
-def test_a_rank_with_other_settings_makes_every_rank_raise(world):
+@pytest.mark.parametrize("name, setting", [("mismatch", "micro_batches_per_step"),
+                                           ("mismatch_oldest", "oldest_first")])
+def test_a_rank_with_other_settings_makes_every_rank_raise(world, name, setting):
     size, records = world
     for record in records:
-        errors = record["mismatch"]["errors"]
+        assert "crash" not in record[name], record[name].get("crash")
+        errors = record[name]["errors"]
         assert len(errors) == STEPS and "the ranks of dp_group disagree" in errors[0], errors
-        assert "micro_batches_per_step" in errors[0]
+        assert f"rank {size - 1} has" in errors[0] and setting in errors[0], errors[0]
 
 
 def test_an_over_cap_add_raises_on_its_rank_at_add_and_the_step_goes_on(world):

@@ -177,8 +177,8 @@ def _generate_batch(strategy: str, buffer: Any, batch_info: dict) -> Optional[li
         return None
     planner = StepPlanner(cap, ranks, micro_batches_per_step=int(batch_info["num_micro_batch"]),
                           cost_model=cost_model, max_samples_per_micro_batch=sample_cap,
+                          oldest_first=True,  # a new planner every step: the buffer drains in order, none left behind
                           **_settings.get("plan", PlanSettings()).keywords())
-    planner.oldest_first = True  # a new planner every step: the buffer drains oldest first, none left behind
     planner.add(range(len(samples)), [_length(s) for s in samples])  # oldest first: buffer order
     step = planner.next_step()
     if step is None:

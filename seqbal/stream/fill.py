@@ -28,7 +28,9 @@ not one: oldest first alone blocks better fits when few large groups wait (the o
 micro-batch, leave holes nothing younger fits in arrival order); fullest alone would let old
 mid-sized groups wait behind every large arrival; a mandatory group placed first can cost more
 than one placed in its turn. Where oldest first takes everything, or no fill could beat it by
-1%, it is kept without building the others.
+1%, it is kept without building the others. ``oldest_only`` asks for arrival order alone: the
+``count`` oldest groups mandatory and the oldest-first fill, never another (a caller whose pool
+must drain in order, at the cost of a step less full than the fullest fill).
 
 Cost: O(p log p) NumPy work on a pool of ``p`` groups (the sort), plus O(c * count) for the
 ``c`` groups placed or visited: groups that cannot fit any micro-batch's room are skipped by a
@@ -131,7 +133,6 @@ def fill_bins(
     oldest_only: bool = False,
 ) -> Optional[list[list[int]]]:
     """Fill ``count`` micro-batches from groups given in arrival order (see the module docstring).
-    ``oldest_only``: the oldest-first fill alone, never a fuller one from younger groups.
 
     Args:
         cost: each group's cost alone (token cost: its rounded tokens; padded cost: samples x
@@ -145,6 +146,11 @@ def fill_bins(
         max_samples: a cap on the samples of a micro-batch, or None.
         quota: ``(prefix, needed)``: at least ``needed`` (<= ``count``) of the first ``prefix``
             groups must be placed, any of them; None: no such demand.
+        oldest_only: the groups in arrival order and nothing else: the ``count`` oldest are
+            mandatory (``mandatory`` is raised to ``min(count, len(cost))``) and the oldest-first
+            fill is returned alone, never a fuller one that takes younger groups before older
+            ones (``quota`` is then met already: it asks for at most ``count`` groups). Default
+            False.
 
     Returns:
         ``count`` lists of group positions (some possibly empty), each within both caps; every
@@ -156,7 +162,14 @@ def fill_bins(
     [[0, 4], [1, 3]]
     >>> fill_bins(np.array([3, 3, 7, 7]), np.ones(4, np.int64), np.array([3, 3, 7, 7]), 2, 10, mandatory=0)
     [[0, 2], [1, 3]]
+    >>> fill_bins(np.array([4, 1, 7, 7]), np.ones(4, np.int64), np.array([4, 1, 7, 7]), 2, 10, mandatory=0)
+    [[1, 2], [3]]
+    >>> fill_bins(np.array([4, 1, 7, 7]), np.ones(4, np.int64), np.array([4, 1, 7, 7]), 2, 10, mandatory=0,
+    ...           oldest_only=True)  # the 2 oldest first, group 3 waits
+    [[0, 1], [2]]
     """
+    if oldest_only:
+        mandatory = max(mandatory, min(count, len(cost)))
     oldest = _oldest_first(cost, samples, longest, count, capacity, mandatory, padded, max_samples)
     if mandatory >= len(cost) or oldest_only:
         return [sorted(members) for members in oldest.members]

@@ -155,13 +155,24 @@ class StepPlanner:
         micro_batch_order: the order of a step's slots on every rank: ``"pipeline"`` (default:
             light slots at both ends) or ``"largest_first"`` (the slot with the largest
             micro-batch first, for the caching allocator; :mod:`seqbal.order`).
+        oldest_first: with ``micro_batches_per_step``, every step takes the
+            ``K * num_replicas`` oldest pending groups and fills the rest of its room in arrival
+            order only, never with a fuller fill that takes younger groups first
+            (:func:`seqbal.stream.fill_bins`'s ``oldest_only``): the pool drains in arrival
+            order, at the cost of steps that can hold fewer tokens than the default's. For a
+            caller that builds a new planner every step from a buffer (no history, so
+            ``oldest_patience`` could never come due). It keeps any ``max_wait_steps`` too
+            (the admission bound leaves at most ``w + 1`` steps' worth of groups ahead of any
+            group). Default False; True with ``samples_per_step`` is a ``ValueError``.
 
     Attributes:
         steps: how many steps were taken (the ``t`` of ``max_wait_steps``).
-        oldest_patience: without ``max_wait_steps``, a ``K`` step takes the oldest pending group
-            once it has waited this many steps (default :data:`OLDEST_PATIENCE`); a caller that
-            builds a new planner for every step (no history) sets 0: every step then takes the
-            oldest group.
+        oldest_first: the constructor's argument (a bool; compared across the ranks of
+            ``dp_group`` with the other settings).
+        oldest_patience: without ``max_wait_steps`` or ``oldest_first``, a ``K`` step takes the
+            oldest pending group once it has waited this many steps (default
+            :data:`OLDEST_PATIENCE`); 0: every step takes the oldest group (and otherwise
+            keeps the fullest fill).
 
     Examples:
         Two ranks, two micro-batches each, under a cap of 10 tokens (a pool this small would
@@ -198,6 +209,7 @@ class StepPlanner:
         even_slots: Optional[bool] = None,
         workload_fn: Optional[WorkloadFn] = None,
         micro_batch_order: str = "pipeline",
+        oldest_first: bool = False,
     ) -> None:
         self.max_token_len = int_argument("max_token_len", max_token_len)
         self.num_replicas = int_argument("num_replicas", num_replicas)
@@ -246,12 +258,14 @@ class StepPlanner:
         self.workload_fn = workload_fn
         self._workload_digest = workload_digest(workload_fn)  # checks the model on the probe lengths
         self.micro_batch_order = check_micro_batch_order(micro_batch_order)
+        self.oldest_first = flag_argument("oldest_first", oldest_first)
+        if self.oldest_first and self.samples_per_step is not None:
+            raise ValueError(
+                f"oldest_first=True is for micro_batches_per_step steps; samples_per_step={self.samples_per_step} "
+                f"steps take whole groups oldest first already: drop oldest_first"
+            )
         self.steps = 0
         self.oldest_patience = OLDEST_PATIENCE
-        #: Without ``max_wait_steps``: True fills every step oldest first only, never a fuller
-        #: fill from younger groups (a trainer that builds a new planner each step, whose
-        #: buffer must drain in order).
-        self.oldest_first = False
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step,
                           workload_fn)
         self._staged: list[Arrivals] = []
@@ -341,7 +355,8 @@ class StepPlanner:
         return [("max_token_len", self.max_token_len), ("num_replicas", self.num_replicas),
                 ("micro_batches_per_step", self.micro_batches_per_step), ("samples_per_step", self.samples_per_step),
                 ("cost_model", repr(self.cost_model)), ("max_samples_per_micro_batch", self.max_samples_per_micro_batch),
-                ("max_wait_steps", self.max_wait_steps), ("steps taken", self.steps),
+                ("max_wait_steps", self.max_wait_steps), ("oldest_first", self.oldest_first),
+                ("steps taken", self.steps),
                 ("samples pending", self._pool.samples),
                 ("(workload_fn digest on probe lengths, micro_batch_order)", (self._workload_digest, self.micro_batch_order)),
                 ("flush", flush)]
@@ -443,7 +458,7 @@ class StepPlanner:
             return fill_bins(columns["cost"], columns["samples"], columns["longest"], count, self._capacity(),
                              mandatory=mandatory, padded=self.cost_model.padded,
                              max_samples=self.max_samples_per_micro_batch, quota=quota,
-                             oldest_only=self.oldest_first and self.max_wait_steps is None)
+                             oldest_only=self.oldest_first)
 
         low, safe = self._mandatory(count)
         bins = fill(low)
@@ -479,7 +494,9 @@ class StepPlanner:
         horizons ``h`` (``D_h``: the groups due by step ``t + h``), so that at most
         ``h x count`` groups are due within the next ``h`` steps, for every ``h``: the invariant
         every later step finds (arrivals are due ``w`` steps after they come, and the admission
-        bound keeps the pool within ``(w + 1) x count``). O(p) on a pool of ``p`` groups.
+        bound keeps the pool within ``(w + 1) x count``). With :attr:`oldest_first` the fill
+        itself takes the ``count`` oldest groups (``fill_bins``'s ``oldest_only``), more than any
+        of these asks. O(p) on a pool of ``p`` groups.
         """
         groups = self._pool.group_count
         if groups <= count:
@@ -487,8 +504,6 @@ class StepPlanner:
         born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
         w = self.max_wait_steps
         if w is None:
-            if self.oldest_first:  # the K x ranks oldest groups go first, every step
-                return count, count
             first = int(self.steps - int(born[0]) >= self.oldest_patience)
             return first, first
         horizon = born + w - self.steps  # steps from now to each group's last step
