@@ -13,8 +13,9 @@ for three routes:
   every epoch, and ranks may get different counts).
 
 Columns: micro-batches per rank (``a-b`` where it changes between epochs or ranks); the share of
-micro-batches of epochs 1-4 whose multiset of lengths is one of epoch 0's; the mean number of
-distinct partners a sample met over the 5 epochs, against shuffle-fill's; and the step balance,
+micro-batches of epochs 1-4 whose set of samples is one of epoch 0's, of all and of those shared
+by two or more samples (groups); the share whose multiset of lengths is one of epoch 0's; the
+mean number of distinct partners a sample met over the 5 epochs, against shuffle-fill's; and the step balance,
 the mean over slots of ``mean / max`` of the ranks' workloads (1.0 = no rank waits), per epoch
 (min-max over the epochs). With ``--group 4``: forced groups of 4, and the share of groups that
 met the very same partners in every epoch.
@@ -122,10 +123,12 @@ ROUTES: dict[str, Callable[..., list[Plan]]] = {
 }
 
 
-def repeated_sets(plans: list[Plan]) -> float:
-    """Share of the micro-batches of epochs 1.. whose set of samples is one of epoch 0's."""
+def repeated_sets(plans: list[Plan], shared_beyond: int = 0) -> float:
+    """Share of the micro-batches of epochs 1.. whose set of samples is one of epoch 0's; with
+    ``shared_beyond=g``, of those holding more than ``g`` samples only (more than one forced
+    group of ``g``: a micro-batch of one sample or group is the same set wherever it recurs)."""
     first = {frozenset(mb) for rank in plans[0] for mb in rank}
-    later = [frozenset(mb) for plan in plans[1:] for rank in plan for mb in rank]
+    later = [frozenset(mb) for plan in plans[1:] for rank in plan for mb in rank if len(mb) > shared_beyond]
     return sum(m in first for m in later) / max(1, len(later))
 
 
@@ -180,12 +183,13 @@ def counts(plans: list[Plan]) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int = 0, uniform: bool = True) -> str:
-    head = ("| list | cap | route | per rank | repeats epoch 0's sample sets | repeats epoch 0's mix | "
+def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int = 0, uniform: bool = True,
+              real: bool = True) -> str:
+    head = ("| list | cap | route | per rank | repeats epoch 0's sample sets | of those shared | repeats epoch 0's mix | "
             "partners (vs shuffle-fill) | " + ("same partners every epoch | " if group > 1 else "")
             + "step balance per epoch |")
     out = [head, "|" + "---|" * (head.count("|") - 1)]
-    cases = [(name, lengths, cap) for name, lengths in length_lists().items() for cap in caps]
+    cases = [(name, lengths, cap) for name, lengths in length_lists().items() for cap in caps] if real else []
     if uniform:
         cases += [(name, lengths, cap) for cap in caps for name, lengths in uniform_lists(cap, group).items()]
     for name, lengths, cap in cases:
@@ -197,7 +201,7 @@ def mix_table(caps: list[int], world: int, epochs: int, group: int, limit: int =
         for route, plans in results.items():
             balance = [step_balance(lengths, plan) for plan in plans]
             cells = [name, str(cap), route, counts(plans), f"{repeated_sets(plans):.1%}",
-                     f"{repeat_share(lengths, plans):.1%}",
+                     f"{repeated_sets(plans, shared_beyond=group):.1%}", f"{repeat_share(lengths, plans):.1%}",
                      f"{partners[route]:.0f} ({partners[route] / partners['shuffle-fill']:.2f})"]
             if group > 1:
                 cells.append(f"{same_partner_groups(len(lengths), plans, group):.1%}")
@@ -269,6 +273,7 @@ def main() -> None:
     parser.add_argument("--worlds", default="8,64")
     parser.add_argument("--caps", default=None, help="comma-separated caps (mix: 8192,16384; scale: 8192,32768)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--uniform-only", action="store_true", help="the mix table's uniform lists alone")
     parser.add_argument("--smoke", action="store_true", help="seconds: small slices of every table")
     args = parser.parse_args()
     if args.smoke:
@@ -282,7 +287,7 @@ def main() -> None:
             print(row, flush=True)
     else:
         caps = [int(c) for c in (args.caps or "8192,16384").split(",")]
-        print(mix_table(caps, args.world, args.epochs, args.group))
+        print(mix_table(caps, args.world, args.epochs, args.group, real=not args.uniform_only))
 
 
 if __name__ == "__main__":

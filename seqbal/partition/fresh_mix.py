@@ -37,8 +37,8 @@ import numpy as np
 from .bins import _SortedPairs
 from .parts import _assignment_from_groups
 
-__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "MAX_SWAP_ROUNDS", "SWAP_WIDTHS",
-           "fresh_mix_bins", "noisy_best_fit_bins", "swap_rounds", "swap_mix", "deal_slots"]
+__all__ = ["NOISE", "TAIL_SHARE", "TAIL_ROOMS", "SWAP_ROUNDS", "SWAP_WORK", "RANDOM_SWAP_WORK", "MAX_SWAP_ROUNDS",
+           "SWAP_WIDTHS", "fresh_mix_bins", "noisy_best_fit_bins", "swap_rounds", "swap_mix", "deal_slots"]
 
 #: Each item's sorting key is its cost times a random factor in [1, 1 + NOISE]: items within
 #: this ratio of each other enter in random order. Larger mixes more and packs less tightly.
@@ -51,7 +51,9 @@ TAIL_ROOMS = 4
 SWAP_ROUNDS = 24
 #: ... and on small inputs up to this many item-rounds in all (a few items need many rounds to
 #: spread: each swap moves an item to a neighbour of similar cost), at most MAX_SWAP_ROUNDS.
-SWAP_WORK = 1_000_000
+SWAP_WORK = 3_000_000
+#: The item-rounds of swaps after a partition that is random already (a deal): never more.
+RANDOM_SWAP_WORK = 1_000_000
 MAX_SWAP_ROUNDS = 400
 #: A round pairs items whose costs differ by up to this many times the mean room a bin has left,
 #: in turn.
@@ -239,14 +241,14 @@ def noisy_best_fit_bins(
 def swap_rounds(n: int, within_work: bool = False) -> int:
     """The rounds :func:`swap_mix` makes by default on ``n`` items: :data:`SWAP_ROUNDS`, more on
     small inputs (up to :data:`SWAP_WORK` item-rounds, at most :data:`MAX_SWAP_ROUNDS`);
-    ``within_work``: never more than :data:`SWAP_WORK` item-rounds (none past that many items),
-    for partitions that are random already and only need their structure broken. O(1).
+    ``within_work``: never more than :data:`RANDOM_SWAP_WORK` item-rounds (none past that many
+    items), for partitions that are random already and only need their structure broken. O(1).
 
-    >>> swap_rounds(2000), swap_rounds(10**6), swap_rounds(10**6, within_work=True)
-    (400, 24, 1)
+    >>> swap_rounds(2000), swap_rounds(10**4), swap_rounds(10**6), swap_rounds(10**6, within_work=True)
+    (400, 300, 24, 1)
     """
     rounds = max(SWAP_ROUNDS, min(MAX_SWAP_ROUNDS, SWAP_WORK // max(n, 1)))
-    return min(rounds, SWAP_WORK // max(n, 1)) if within_work else rounds
+    return min(rounds, RANDOM_SWAP_WORK // max(n, 1)) if within_work else rounds
 
 
 def swap_mix(
