@@ -4,6 +4,7 @@
     python -m benchmarks.step_fill --steps 40     # shorter
     python -m benchmarks.step_fill --smoke        # seconds, for tests/test_benchmark_smoke.py
     python -m benchmarks.step_fill --oldest-first # the planner with oldest_first=True
+    python -m benchmarks.step_fill --due-first    # max_wait_steps against FFD with the due groups first
 
 :class:`seqbal.StepPlanner` with ``micro_batches_per_step=1`` on 4 ranks under a cap of 4096
 tokens, fed groups of 4 samples (a group is never split): 4 random samples of one length list,
@@ -68,11 +69,12 @@ def draw_groups(lengths: np.ndarray, count: int, rng: np.random.Generator) -> li
     return out
 
 
-def ffd_tokens(group_tokens: list[int], bins: int, capacity: int) -> int:
-    """Tokens first-fit decreasing places into ``bins`` bins of ``capacity``."""
+def ffd_tokens(group_tokens: list[int], bins: int, capacity: int, first: Optional[list[int]] = None) -> int:
+    """Tokens first-fit decreasing places into ``bins`` bins of ``capacity``; with ``first``,
+    those groups' tokens are placed before the others (each part in decreasing size)."""
     loads = [0] * bins
     placed = 0
-    for size in sorted(group_tokens, reverse=True):
+    for size in sorted(first or [], reverse=True) + sorted(group_tokens, reverse=True):
         for b in range(bins):
             if loads[b] + size <= capacity:
                 loads[b] += size
@@ -91,7 +93,7 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
     waiting: list[np.ndarray] = []  # the producer's groups not yet admitted
     limit = None if wait is None else (wait + 1) * K * RANKS
     next_id = 0
-    ratios, waits, times = [], [], []
+    ratios, due_ratios, waits, times = [], [], [], []
     for step in range(steps):
         if arrivals == "poisson":
             waiting += draw_groups(lengths, int(rng.poisson(mean_groups)), rng)
@@ -106,6 +108,9 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
             next_id += 1
         tokens = [t for t, _ in pending.values()]
         reference = ffd_tokens(tokens, K * RANKS, CAP)
+        due = [] if wait is None else [t for t, arrived in pending.values() if planner.steps - arrived >= wait]
+        due_reference = ffd_tokens([t for t, arrived in pending.values()
+                                    if wait is None or planner.steps - arrived < wait], K * RANKS, CAP, first=due)
         start = time.perf_counter()
         planned = planner.next_step()
         times.append(time.perf_counter() - start)
@@ -115,9 +120,10 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
         placed = sum(pending[g][0] for g in taken)
         if sum(tokens) > capacity:
             ratios.append(placed / reference)
+            due_ratios.append(placed / due_reference)
         for g in taken:
             waits.append(planner.steps - 1 - pending.pop(g)[1])
-    return {"ratios": ratios, "waits": waits, "times": times}
+    return {"ratios": ratios, "due_ratios": due_ratios, "waits": waits, "times": times}
 
 
 def table(steps: int, seeds: int, oldest_first: bool = False) -> list[str]:
@@ -142,15 +148,44 @@ def table(steps: int, seeds: int, oldest_first: bool = False) -> list[str]:
     return out
 
 
+def due_table(steps: int, seeds: int) -> list[str]:
+    """The scenarios with ``max_wait_steps`` against two references: first-fit decreasing of
+    every pending group, and the same with the groups whose wait is due placed first (what any
+    planner that keeps the deadline must take)."""
+    lists = dict(length_lists())
+    lists["uniform 1-1024"] = np.arange(1, CAP // GROUP + 1, dtype=np.int64)
+    out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | under 0.95 | "
+           "tokens / due-first FFD's: min | under 0.95 |", "|---|---|---|---|---|---|---|"]
+    for name, lengths in lists.items():
+        for scenario, (arrivals, wait) in SCENARIOS.items():
+            if wait is None:
+                continue
+            ratios, due = [], []
+            for seed in range(seeds):
+                result = simulate(lengths, arrivals, wait, steps, seed)
+                ratios += result["ratios"]
+                due += result["due_ratios"]
+            if not ratios:
+                out.append(f"| {name} | {scenario} | 0 | - | - | - | - |")
+                continue
+            out.append(f"| {name} | {scenario} | {len(ratios)} | {min(ratios):.3f} | "
+                       f"{sum(r < 0.95 for r in ratios) / len(ratios):.1%} | {min(due):.3f} | "
+                       f"{sum(r < 0.95 for r in due) / len(due):.1%} |")
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="steps per run")
     parser.add_argument("--seeds", type=int, default=3, help="runs per list and scenario")
     parser.add_argument("--smoke", action="store_true", help="seconds: 20 steps, one seed")
     parser.add_argument("--oldest-first", action="store_true", help="StepPlanner(oldest_first=True)")
+    parser.add_argument("--due-first", action="store_true",
+                        help="the max_wait_steps scenarios against FFD with the due groups placed first")
     args = parser.parse_args(argv)
     steps, seeds = (20, 1) if args.smoke else (args.steps, args.seeds)
-    for line in table(steps, seeds, args.oldest_first):
+    lines = due_table(steps, seeds) if args.due_first else table(steps, seeds, args.oldest_first)
+    for line in lines:
         print(line, flush=True)
 
 
