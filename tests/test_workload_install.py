@@ -64,9 +64,8 @@ def test_a_bad_setting_is_refused_at_install_with_nothing_installed(install):
     module = importlib.import_module(f"seqbal.integrations.{install}")
     with pytest.raises(ValueError, match="negative workload|workload_fn must be"):
         module.install(workload_fn=lambda s: -s - 1)
-    if install != "areal":  # AReaL returns its micro-batches sorted: no order to choose
-        with pytest.raises(ValueError, match="'pipeline', 'largest_first'"):
-            module.install(micro_batch_order="smallest_first")
+    with pytest.raises(ValueError, match="'pipeline', 'largest_first', got 'smallest_first'"):
+        module.install(micro_batch_order="smallest_first")
     assert not module.is_installed()
 
 
