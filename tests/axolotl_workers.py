@@ -18,6 +18,8 @@ Modes (:func:`config`):
   (:func:`_packed_by_positions`: packed sequences from ``position_ids``); the per-token loss in float64 through ``compute_loss_func``, which the
   trainer hands ``num_items_in_batch``; records the update, the step's plan and the rows.
 - ``overcap``: ``seqbal_max_token_len`` 32 under samples of up to 40 tokens; records the error.
+- ``largest``: ``on`` with ``seqbal_micro_batch_order: largest_first``; also records the epoch's
+  plan in the sampler's own (random) slot order.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def config(mode: str, folder: Path) -> dict[str, Any]:
                    max_steps=1)
     if mode == "overcap":
         cfg["seqbal_max_token_len"] = OVERCAP_CAP
+    if mode == "largest":
+        cfg["seqbal_micro_batch_order"] = "largest_first"
     return cfg
 
 
@@ -154,6 +158,10 @@ def _plugin_class() -> type:
                           max_steps=int(trainer.args.max_steps))
             if hasattr(sampler, "epoch_plan"):
                 record["plan"] = sampler.epoch_plan(0)
+                if sampler.micro_batch_order is not None:  # the same sampler without the order: slots as drawn
+                    order, sampler.micro_batch_order = sampler.micro_batch_order, None
+                    record["unordered_plan"] = sampler.epoch_plan(0)
+                    sampler.micro_batch_order = order
 
         def post_train(self, cfg: Any, model: Any) -> None:
             record = self.record

@@ -87,7 +87,7 @@ def write_dataset(folder: Path, over: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("budget", "overcap", "plain", "resume", "packed"))
+    parser.add_argument("mode", choices=("budget", "overcap", "plain", "resume", "packed", "largest"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--resume-step", type=int, default=None)
     options = parser.parse_args()
@@ -132,6 +132,10 @@ def main() -> None:
             record["len"] = len(train_dataloader)
             if isinstance(inner, classic.LlamaFactoryTokenBudgetBatchSampler):
                 record["plans"] = [inner.epoch_plan(epoch) for epoch in range(EPOCHS)]
+                if inner.micro_batch_order is not None:  # the same sampler without the order: slots as drawn
+                    order, inner.micro_batch_order = inner.micro_batch_order, None
+                    record["unordered_plans"] = [inner.epoch_plan(epoch) for epoch in range(EPOCHS)]
+                    inner.micro_batch_order = order
 
             def seen(module, args, kwargs):
                 if module.training:
@@ -144,7 +148,7 @@ def main() -> None:
         def on_train_end(self, args, state, control, **kwargs):
             record["global_step"] = state.global_step
 
-    seqbal_llamafactory.install(CAP)
+    seqbal_llamafactory.install(CAP, micro_batch_order="largest_first" if options.mode == "largest" else None)
     if options.mode == "plain":
         seqbal_llamafactory.uninstall()
     arguments = {

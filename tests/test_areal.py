@@ -67,9 +67,13 @@ def _areal_rank(rank, world, init_file, out_dir):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30))
     records = {}
-    for mode in ("areal", "seqbal"):
+    for mode in ("areal", "seqbal", "largest_first", "orders_differ"):
         if mode == "seqbal":
             seqbal_areal.install()
+        elif mode == "largest_first":
+            seqbal_areal.install(micro_batch_order="largest_first")
+        elif mode == "orders_differ":  # rank 1 runs the pipeline order: every rank must refuse
+            seqbal_areal.install(micro_batch_order="largest_first" if rank == 0 else "pipeline")
         for name, (lengths, spec) in cases(rank).items():
             if mode == "areal" and name == "rank0_sample_over_cap":
                 continue  # AReaL alone hangs here
@@ -98,7 +102,7 @@ EXPECT = {"shipped": {}, "uneven": {}, "n_mbs_3": {"min_num_micro_batch": 3}, "n
 
 
 @needs_areal
-@pytest.mark.parametrize("mode", ["areal", "seqbal"])
+@pytest.mark.parametrize("mode", ["areal", "seqbal", "largest_first"])
 @pytest.mark.parametrize("case", sorted(EXPECT))
 def test_split_holds_the_cap_with_equal_counts(areal_records, mode, case):
     records = [r[f"{mode}/{case}"] for r in areal_records]
@@ -107,6 +111,15 @@ def test_split_holds_the_cap_with_equal_counts(areal_records, mode, case):
         assert_plan_invariants(record["lengths"], record["indices"], CAP, **EXPECT[case])
         if mode == "seqbal":
             assert record["indices"] == sorted(record["indices"])  # AReaL's order: sorted lists
+        if mode == "largest_first":  # AReaL runs them in this order: the most tokens first
+            tokens = [sum(record["lengths"][i] for i in part) for part in record["indices"]]
+            assert tokens == sorted(tokens, reverse=True), tokens
+
+
+@needs_areal
+def test_ranks_that_install_different_orders_all_refuse(areal_records):
+    errors = [r["orders_differ/shipped"].get("error", "") for r in areal_records]
+    assert errors[0] == errors[1] and "micro_batch_order from 'pipeline' to 'largest_first'" in errors[0], errors
 
 
 @needs_areal
@@ -138,6 +151,65 @@ def test_install_without_areal_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, seqbal_areal.AREAL_MODULE, None)
     with pytest.raises(ImportError, match="needs AReaL"):
         seqbal_areal.install()
+    assert not seqbal_areal.is_installed()
+
+
+def _order_rank(rank, world, init_file, out_dir):
+    """One plan per order pair through the adapter's function, as the installed wrapper calls it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from tests.process_group import close_process_group
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    spec = NS(max_tokens_per_mb=CAP, n_mbs=1, n_mbs_divisor=1)
+    lengths = shipped_steps()[rank]
+    records = {"lengths": lengths}
+    for name, order in (("largest_first", "largest_first"), ("pipeline", "pipeline"), ("default", None),
+                        ("differ", "largest_first" if rank == 0 else "pipeline")):
+        try:
+            records[name] = {"indices": seqbal_areal.allocate_balanced_mbs_synced(spec, lengths, micro_batch_order=order)}
+        except ValueError as error:
+            records[name] = {"error": str(error)}
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(records, handle)
+    close_process_group()
+
+
+def test_the_order_reaches_every_ranks_plan_and_is_agreed(tmp_path):
+    from .test_distributed import spawn_ranks
+
+    assert spawn_ranks([(_order_rank, 2, (2, str(tmp_path / "init"), str(tmp_path)))], deadline_s=300) == [[0, 0]]
+    records = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    for record in records:
+        lengths = record["lengths"]
+        tokens = {name: [sum(lengths[i] for i in part) for part in record[name]["indices"]]
+                  for name in ("largest_first", "pipeline", "default")}
+        assert tokens["largest_first"] == sorted(tokens["largest_first"], reverse=True)
+        assert record["default"]["indices"] == sorted(record["default"]["indices"])  # AReaL's own order
+        assert sorted(map(sorted, record["pipeline"]["indices"])) == sorted(record["largest_first"]["indices"])
+        for name in tokens:
+            assert_plan_invariants(lengths, record[name]["indices"], CAP)
+    assert records[0]["pipeline"]["indices"] != records[0]["largest_first"]["indices"]  # the order has teeth here
+    errors = [r["differ"].get("error", "") for r in records]
+    assert errors[0] == errors[1] and "micro_batch_order from 'pipeline' to 'largest_first'" in errors[0], errors
+
+
+def test_install_forwards_the_order_and_refuses_a_bad_one(monkeypatch):
+    fake = type(sys)(seqbal_areal.AREAL_MODULE)
+    fake.allocate_balanced_mbs_synced = lambda *args, **kwargs: None
+    monkeypatch.setitem(sys.modules, seqbal_areal.AREAL_MODULE, fake)
+    lengths = [10, 60, 30, 50, 20, 40]
+    spec = NS(max_tokens_per_mb=60, n_mbs=1, n_mbs_divisor=1)
+    with seqbal_areal.installed(micro_batch_order="largest_first"):
+        parts = fake.allocate_balanced_mbs_synced(spec, lengths)
+        assert fake.allocate_balanced_mbs_synced(spec, lengths, micro_batch_order=None) == sorted(parts)
+    tokens = [sum(lengths[i] for i in part) for part in parts]
+    assert tokens == sorted(tokens, reverse=True) and parts != sorted(parts)
+    with seqbal_areal.installed():
+        assert fake.allocate_balanced_mbs_synced(spec, lengths) == sorted(parts)  # AReaL's order by default
+    with pytest.raises(ValueError, match="got 'smallest_first'"):
+        seqbal_areal.install(micro_batch_order="smallest_first")
     assert not seqbal_areal.is_installed()
 
 

@@ -81,6 +81,22 @@ def test_axolotl_trains_under_the_cap_with_equal_steps(world, assets, tmp_path):
     assert max(len(mb) for rank in plan for mb in rank) == workers.BIN_SIZE  # the bin size binds: the test has teeth
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_largest_first_from_the_config_runs_every_steps_largest_row_first(world, assets, tmp_path):
+    records = launch("largest", world, assets, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    per_rank, plan, drawn = records[0]["len"], records[0]["plan"], records[0]["unordered_plan"]
+    assert all(r["plan"] == plan for r in records) and plan != drawn  # the order has teeth here
+    for start in range(0, per_rank, workers.GA):  # every step: the same rows, reordered
+        for ordered, as_drawn in zip(plan, drawn):
+            assert sorted(ordered[start:start + workers.GA]) == sorted(as_drawn[start:start + workers.GA])
+    for r in records:
+        assert len(r["forwards"]) == 2 * per_rank and max(r["forwards"]) <= workers.CAP
+    for start in range(0, 2 * per_rank, workers.GA):  # both epochs, as forwarded
+        slot_largest = [max(r["forwards"][i] for r in records) for i in range(start, start + workers.GA)]
+        assert slot_largest == sorted(slot_largest, reverse=True), (start, slot_largest)
+
+
 def test_without_the_plugin_axolotl_is_its_own(assets, tmp_path):
     (record,) = launch("off", 1, assets, tmp_path)
     assert "error" not in record, record["error"]

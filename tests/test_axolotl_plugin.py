@@ -83,6 +83,31 @@ def test_the_config_schema_refuses_balance_labels_when_axolotl_validates_it():
     assert Merged(balance_labels=True).balance_labels  # no packing: axolotl's own balancing stays
 
 
+def test_the_micro_batch_order_is_read_and_checked_from_the_config():
+    """``seqbal_micro_batch_order`` reaches the sampler the plug-in binds, and a bad value is refused
+    when axolotl validates the config (and by ``enable``), naming it, before the trainer is touched."""
+    from types import SimpleNamespace as NS
+
+    pydantic = pytest.importorskip("pydantic")
+    cfg = {"sample_packing": True, "micro_batch_size": 1, "sequence_len": 16, "seqbal_token_mean_loss": False,
+           "gradient_accumulation_steps": 4}
+    trainer = NS(compute_loss_func=None, model=None, args=NS(max_steps=10), _get_train_sampler=None)
+    assert seqbal_axolotl.enable(trainer, cfg)["micro_batch_order"] is None  # the sampler's own order
+    assert seqbal_axolotl.enable(trainer, {**cfg, "seqbal_micro_batch_order": "largest_first"})["micro_batch_order"] \
+        == "largest_first"
+    with pytest.raises(ValueError, match="seqbal_micro_batch_order must be one of 'pipeline', 'largest_first', got 'small'"):
+        seqbal_axolotl.enable(object(), {**cfg, "seqbal_micro_batch_order": "small"})
+    with pytest.raises(pydantic.ValidationError, match="got 'small'"):
+        seqbal_axolotl.SeqbalArgs(seqbal_micro_batch_order="small")
+    assert seqbal_axolotl.SeqbalArgs(seqbal_micro_batch_order="pipeline").seqbal_micro_batch_order == "pipeline"
+    stream = seqbal_axolotl._GlobalStream(LENGTHS, 16, num_replicas=2, rank=0, seed=3, gradient_accumulation_steps=2,
+                                          micro_batch_order="largest_first")
+    items = [sum(LENGTHS[i] for i in row[0]) for row in stream]  # slot by slot, rank by rank
+    slot_largest = [max(items[j:j + 2]) for j in range(0, len(items), 2)]
+    for start in range(0, len(slot_largest), 2):  # within every optimizer step: the largest slot first
+        assert slot_largest[start:start + 2] == sorted(slot_largest[start:start + 2], reverse=True)
+
+
 def test_balance_labels_on_axolotls_own_config_object():
     """The same refusal on the DictDefault axolotl hands plug-ins, with the key set as axolotl 0.21's
     validated config carries it (axolotl 0.19.0's own schema has no balance_labels and drops the key

@@ -1150,3 +1150,34 @@ def test_a_comparison_route_that_cannot_plan_is_a_row_not_an_exit(tmp_path, monk
     assert report["routes"]["schedule"]["error"] is None and report["routes"]["schedule"]["micro_batches_per_rank"] == 3
     # the user's own route still fails loudly when it cannot plan
     assert_clean_failure(call("plan", str(path), *options[2:]), "Cannot satisfy max_token_len=128")
+
+
+@pytest.mark.parametrize("route", ["balance_batch", "schedule"])
+def test_order_lists_each_ranks_micro_batches_as_a_trainer_runs_them(route):
+    """--order: the same micro-batches, listed in run order; pipeline (default) as the library's
+    pipeline plan, largest_first largest first (a schedule's slots by their largest)."""
+    from seqbal.cli import simulate_ranks, split_over_ranks
+
+    args = ("--dp", "2", "--max-token-len", "8192", "--route", route, "--compare", "off")
+    default, largest = plan_json(*args), plan_json(*args, "--order", "largest_first")
+    assert (default["settings"]["order"], default["seqbal"]["micro_batch_order"]) == ("pipeline", "pipeline")
+    assert (largest["settings"]["order"], largest["seqbal"]["micro_batch_order"]) == ("largest_first", "largest_first")
+    pipeline_rows = [row["micro_batch_tokens"] for row in default["seqbal"]["ranks"]]
+    largest_rows = [row["micro_batch_tokens"] for row in largest["seqbal"]["ranks"]]
+    assert [sorted(row) for row in pipeline_rows] == [sorted(row) for row in largest_rows]
+    if route == "schedule":  # slot i runs together on every rank: ordered by the slot's largest
+        slot_largest = [max(slot) for slot in zip(*largest_rows)]
+        assert slot_largest == sorted(slot_largest, reverse=True)
+    else:
+        for row in largest_rows:
+            assert row == sorted(row, reverse=True)
+        lengths = np.loadtxt(SAMPLE, dtype=np.int64)
+        split = split_over_ranks(lengths, 2, 1, None, route)
+        plans = simulate_ranks(split.lengths, 8192, micro_batch_order="pipeline")
+        assert pipeline_rows == [[int(rank[p].sum()) for p in parts] for rank, parts in zip(split.lengths, plans)]
+    assert pipeline_rows != largest_rows
+    text = call("plan", *args, "--order", "largest_first")
+    assert text.returncode == 0 and "micro-batch order=largest_first" in " ".join(text.stdout.split())
+    assert "micro-batch order" not in call("plan", *args).stdout
+    bad = call("plan", "--order", "smallest_first")
+    assert bad.returncode == 2 and "'smallest_first'" in bad.stderr

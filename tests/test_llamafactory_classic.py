@@ -34,6 +34,7 @@ DEADLINE_S = 240
     ({"max_token_len": True}, "max_token_len"),
     ({"max_token_len": 64, "max_samples_per_micro_batch": 0}, "max_samples_per_micro_batch"),
     ({"max_token_len": 64, "cost_model": "no such cost"}, "cost_model"),
+    ({"max_token_len": 64, "micro_batch_order": "smallest_first"}, "micro_batch_order .* got 'smallest_first'"),
 ])
 def test_install_checks_its_arguments_before_importing_anything(kwargs, name):
     from seqbal.integrations import _llamafactory_classic as classic
@@ -177,6 +178,25 @@ def test_sft_run_under_the_token_budget(llamafactory, world, tmp_path):
             trained += [sample_of(row) for f in forwards for row in f["rows"]]
         assert sorted(trained) == list(range(workers.SAMPLES))  # every sample exactly once per epoch
     assert records[0]["plans"][0] != records[0]["plans"][1]  # a fresh shuffle every epoch
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_largest_first_runs_every_steps_largest_padded_batch_first(llamafactory, world, tmp_path):
+    records = launch("largest", world, tmp_path)
+    assert all("error" not in r for r in records), [r.get("error") for r in records]
+    length = records[0]["len"]
+    for epoch in range(workers.EPOCHS):  # every step: the same micro-batches, reordered
+        plan, drawn = records[0]["plans"][epoch], records[0]["unordered_plans"][epoch]
+        assert all(r["plans"][epoch] == plan for r in records)
+        for start in range(0, length, workers.GA):
+            for ordered, as_drawn in zip(plan, drawn):
+                assert sorted(ordered[start:start + workers.GA]) == sorted(as_drawn[start:start + workers.GA])
+    assert records[0]["plans"] != records[0]["unordered_plans"]  # the order has teeth here
+    sizes = [[f["shape"][0] * f["shape"][1] for f in r["forwards"]] for r in records]  # rows x padded length
+    assert all(len(s) == workers.EPOCHS * length for s in sizes)
+    for start in range(0, workers.EPOCHS * length, workers.GA):  # as forwarded, both epochs
+        slot_largest = [max(s[i] for s in sizes) for i in range(start, start + workers.GA)]
+        assert slot_largest == sorted(slot_largest, reverse=True), (start, slot_largest)
 
 
 def test_neat_packing_rows_are_samples_under_the_budget(llamafactory, tmp_path):

@@ -81,6 +81,29 @@ def test_sft_trainer_under_both_caps_two_ranks(tmp_path):
     assert unlimited > workers.MAX_SAMPLES  # without the sample cap the token cap alone packs more: the test has teeth
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_largest_first_runs_every_steps_largest_micro_batch_first(world, tmp_path):
+    records = launch("largest", world, tmp_path)
+    check_training(records, "tokens")
+    for r in records:  # the same micro-batches in every optimizer step, only reordered
+        for start in range(0, r["len"], GA):
+            for ordered, drawn in zip(r["plan"], r["unordered_plan"]):
+                assert sorted(ordered[start:start + GA]) == sorted(drawn[start:start + GA])
+    assert any(r["plan"] != r["unordered_plan"] for r in records)  # the order has teeth here
+    for start in range(0, len(records[0]["forwards"]), GA):  # both epochs, as forwarded
+        slot_largest = [max(r["forwards"][i] for r in records) for i in range(start, start + GA)]
+        assert slot_largest == sorted(slot_largest, reverse=True), (start, slot_largest)
+        if world == 1:
+            window = records[0]["forwards"][start:start + GA]
+            assert window == sorted(window, reverse=True)
+
+
+def test_ranks_that_install_different_orders_all_refuse(tmp_path):
+    errors = [r.get("error", "") for r in launch("orders_differ", 2, tmp_path)]
+    for error in errors:  # the agreed error (each rank names its own value)
+        assert "the ranks passed different settings" in error and "micro_batch_order (" in error, errors
+
+
 def test_plain_trainer_padded_cost_two_ranks(tmp_path):
     check_training(launch("trainer", 2, tmp_path), "padded")
 

@@ -64,9 +64,8 @@ def test_a_bad_setting_is_refused_at_install_with_nothing_installed(install):
     module = importlib.import_module(f"seqbal.integrations.{install}")
     with pytest.raises(ValueError, match="negative workload|workload_fn must be"):
         module.install(workload_fn=lambda s: -s - 1)
-    if install != "areal":  # AReaL returns its micro-batches sorted: no order to choose
-        with pytest.raises(ValueError, match="'pipeline', 'largest_first'"):
-            module.install(micro_batch_order="smallest_first")
+    with pytest.raises(ValueError, match="'pipeline', 'largest_first', got 'smallest_first'"):
+        module.install(micro_batch_order="smallest_first")
     assert not module.is_installed()
 
 
@@ -173,8 +172,15 @@ def test_sampler_for_trainer_forwards_the_model_to_the_sampler():
     trainer = type("Trainer", (), {})()  # the sampler keeps a weak reference to it
     trainer.args = NS(world_size=1, process_index=0, data_seed=None, seed=0, gradient_accumulation_steps=1)
     sampler = sampler_for_trainer(Sampler, trainer, LENGTHS, 200, workload_fn=PER_SEQUENCE)
-    assert sampler.workload_fn is PER_SEQUENCE
+    assert sampler.workload_fn is PER_SEQUENCE and sampler.micro_batch_order is None
     assert sampler._items.workloads.tolist() == [1000.0] * len(LENGTHS)
+    trainer.args.gradient_accumulation_steps = 4
+    lengths = [40, 190, 10, 120, 70, 160, 30, 100, 150, 20, 60, 180]
+    sampler = sampler_for_trainer(Sampler, trainer, lengths, 200, micro_batch_order="largest_first")
+    assert sampler.micro_batch_order == "largest_first"
+    tokens = [sum(lengths[i] for i in mb) for mb in sampler]
+    for start in range(0, len(tokens), 4):  # every optimizer step: its largest micro-batch first
+        assert tokens[start:start + 4] == sorted(tokens[start:start + 4], reverse=True)
 
 
 def test_trl_and_classic_llamafactory_install_keep_the_model_for_their_sampler(monkeypatch):
@@ -183,12 +189,18 @@ def test_trl_and_classic_llamafactory_install_keep_the_model_for_their_sampler(m
     trainer_module = _fake_module(monkeypatch, seqbal_trl.TRAINER_MODULE, Trainer=type("Trainer", (), {
         "_get_train_sampler": lambda self, train_dataset=None: None}))
     _fake_module(monkeypatch, "transformers.trainer_pt_utils", BatchRebalanceSampler=object)
-    with seqbal_trl.installed(64, workload_fn=PER_SEQUENCE):
+    with seqbal_trl.installed(64, workload_fn=PER_SEQUENCE, micro_batch_order="largest_first"):
         assert seqbal_trl._settings["workload_fn"] is PER_SEQUENCE
+        assert seqbal_trl._settings["micro_batch_order"] == "largest_first"
         assert vars(trainer_module.Trainer)["_get_train_sampler"] is seqbal_trl._get_train_sampler
-    assert "workload_fn" not in seqbal_trl._settings
+    assert "workload_fn" not in seqbal_trl._settings and "micro_batch_order" not in seqbal_trl._settings
+    with seqbal_trl.installed(64):
+        assert seqbal_trl._settings["micro_batch_order"] is None  # the sampler's own random order
     with pytest.raises(ValueError, match="negative workload"):
         seqbal_trl.install(64, workload_fn=lambda s: -s - 1)
+    with pytest.raises(ValueError, match="got 'smallest_first'"):
+        seqbal_trl.install(64, micro_batch_order="smallest_first")
+    assert not seqbal_trl.is_installed()
 
 
 def test_axolotl_reads_the_model_from_its_config():

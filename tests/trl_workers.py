@@ -13,6 +13,10 @@ Modes:
 - ``overcap``: one sample over the cap; records the error.
 - ``samplecap``: ``sft`` with ``max_samples_per_micro_batch=MAX_SAMPLES`` too; records every
   forward's sequence count (the packed ``position_ids``' starts).
+- ``largest``: ``sft`` installed with ``micro_batch_order="largest_first"``; also records the
+  epoch's plan in the sampler's own (random) slot order.
+- ``orders_differ``: ``sft`` with rank 0 installing ``"largest_first"`` and the others
+  ``"pipeline"``; records the error.
 - ``resume``: plain ``Trainer`` (TRL's padding-free collator), 3 epochs with a checkpoint every
   step, then a fresh ``Trainer`` resumed from the checkpoint one step into epoch 1, and another
   one step into epoch 2; records the ``input_ids`` of every forward of each run, the steps per
@@ -97,7 +101,8 @@ def dataset_rows(count: int, seed: int, over: bool = False) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume", "samplecap", "guard"))
+    parser.add_argument("mode", choices=("sft", "trainer", "exact", "overcap", "resume", "samplecap", "guard",
+                                         "largest", "orders_differ"))
     parser.add_argument("--out", required=True)
     options = parser.parse_args()
     rank = int(os.environ.get("RANK", 0))
@@ -261,7 +266,9 @@ def run(mode: str, record: dict, out: Path) -> None:
     else:
         common.update(learning_rate=3e-2, num_train_epochs=2, lr_scheduler_type="constant")
     max_samples = MAX_SAMPLES if mode == "samplecap" else None
-    with warnings.catch_warnings(record=True) as caught, seqbal_trl.installed(CAP, max_samples_per_micro_batch=max_samples):
+    order = {"largest": "largest_first", "orders_differ": "largest_first" if record["rank"] == 0 else "pipeline"}.get(mode)
+    with warnings.catch_warnings(record=True) as caught, seqbal_trl.installed(
+            CAP, max_samples_per_micro_batch=max_samples, micro_batch_order=order):
         warnings.simplefilter("always")
         if mode == "trainer":
             args = TrainingArguments(**common, remove_unused_columns=True)
@@ -303,6 +310,10 @@ def run(mode: str, record: dict, out: Path) -> None:
         record["sampler"] = type(sampler).__name__
         record["len"] = len(dataloader)
         record["plan"] = sampler.epoch_plan(0)
+        if mode == "largest":  # the same sampler without the order: its slots as drawn
+            sampler.micro_batch_order = None
+            record["unordered_plan"] = sampler.epoch_plan(0)
+            sampler.micro_batch_order = order
         result = trainer.train()
     record["warnings"] = [str(w.message) for w in caught if "seqbal" in str(w.message)]
     record["forwards"] = forwards

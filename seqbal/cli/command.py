@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 from .. import __version__
 from .lengths import InputError, MAX_INT64, read_lengths
 from ..cost import CostModel
+from ..order import MICRO_BATCH_ORDERS
 from .compare import COMPARE_AUTO_MAX_KK_SETS, Progress
 from .plot import _plot, _plot_path
 from .ranks import ROUTES
@@ -121,6 +122,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--model-config", metavar="CONFIG.json",
                       help="balance on the forward FLOPs of this transformers config.json (seqbal.workload_from_config) "
                            "instead of the default 24576 * s + s^2, and print its coefficients")
+    plan.add_argument("--order", choices=MICRO_BATCH_ORDERS, default="pipeline",
+                      help="the order each rank runs its micro-batches in, as listed by --json: pipeline (light ones "
+                           "at both ends, the default) or largest_first (what the cap bounds, largest first: the "
+                           "caching allocator reserves its largest blocks once); the trainers' micro_batch_order")
     plan.add_argument("--json", action="store_true", help="print the report as JSON")
     plan.add_argument("-q", "--quiet", action="store_true",
                       help="no progress on standard error (by default each phase of a run is one line there; "

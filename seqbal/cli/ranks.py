@@ -55,6 +55,7 @@ def split_over_ranks(
     cost_model: Optional[CostModel] = None,
     max_samples_per_micro_batch: Optional[int] = None,
     workload_fn: Optional[Any] = None,
+    micro_batch_order: str = "pipeline",
 ) -> RankSplit:
     """Deal ``lengths`` out to ``dp`` ranks in whole forced groups, the way a trainer would.
 
@@ -67,7 +68,8 @@ def split_over_ranks(
     * ``schedule``: :func:`seqbal.build_dp_schedule`, which also decides the micro-batches
       (``max_token_len`` and the count constraints are needed then).
 
-    ``workload_fn`` (default: seqbal's formula) is what ``balance_batch`` and the schedule balance.
+    ``workload_fn`` (default: seqbal's formula) is what ``balance_batch`` and the schedule balance;
+    ``micro_batch_order`` orders the schedule's slots (:mod:`seqbal.order`).
 
     Raises:
         InputError: ``group_size`` does not divide the number of samples, or fewer groups than ranks.
@@ -101,6 +103,7 @@ def split_over_ranks(
             ordered, dp, max_token_len, force_group_size=group_size,
             num_batches_divided_by=num_batches_divided_by, min_num_micro_batch=min_num_micro_batch,
             cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn,
+            micro_batch_order=micro_batch_order,
         )
         positions = [np.asarray(r, dtype=np.int64) for r in schedule.rank_indices]
         return RankSplit(
@@ -120,9 +123,12 @@ def simulate_ranks(
     cost_model: Optional[CostModel] = None,
     max_samples_per_micro_batch: Optional[int] = None,
     workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: Optional[str] = None,
 ) -> list[list[list[int]]]:
     """What synced ranks decide: :func:`~seqbal.plan_data_parallel`, the library's own protocol
-    with the all-reduces replaced by a max/min over the simulated ranks.
+    with the all-reduces replaced by a max/min over the simulated ranks. Each rank's
+    micro-batches come in ``micro_batch_order`` (``"pipeline"`` or ``"largest_first"``, the order
+    a trainer runs them), or in the partitioner's order with None (default).
 
     Raises:
         MicroBatchPlanError: the library's own error, prefixed with the rank when ``dp > 1``.
@@ -132,11 +138,12 @@ def simulate_ranks(
         max_token_len,
         num_batches_divided_by=num_batches_divided_by,
         min_num_micro_batch=min_num_micro_batch,
-        use_dynamic_bsz_balance=False,
+        use_dynamic_bsz_balance=micro_batch_order is not None,
         force_group_size=force_group_size,
         cost_model=cost_model,
         max_samples_per_micro_batch=max_samples_per_micro_batch,
         workload_fn=workload_fn,
+        micro_batch_order=micro_batch_order or "pipeline",
     )
 
 def packing_bound(lengths: np.ndarray, cap: int, group_size: int = 1, cost_model: Optional[CostModel] = None) -> int:
@@ -202,7 +209,7 @@ def _seqbal_on(split: RankSplit, args: argparse.Namespace) -> list[list[list[int
         split.lengths, args.max_token_len, force_group_size=args.group_size,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
         cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
-        workload_fn=getattr(args, "workload_fn", None),
+        workload_fn=getattr(args, "workload_fn", None), micro_batch_order=getattr(args, "order", "pipeline"),
     )
 
 
@@ -211,5 +218,5 @@ def _split(lengths: Lengths, args: argparse.Namespace, route: str) -> RankSplit:
         lengths.values, args.dp, args.group_size, args.seed, route, max_token_len=args.max_token_len,
         num_batches_divided_by=args.divisible_by, min_num_micro_batch=args.min_micro_batches,
         cost_model=args.cost_model, max_samples_per_micro_batch=args.max_samples_per_micro_batch,
-        workload_fn=getattr(args, "workload_fn", None),
+        workload_fn=getattr(args, "workload_fn", None), micro_batch_order=getattr(args, "order", "pipeline"),
     )

@@ -191,6 +191,7 @@ def build_report(
             "divisible_by": args.divisible_by,
             "min_micro_batches": args.min_micro_batches,
             "max_samples_per_micro_batch": args.max_samples_per_micro_batch,
+            "order": getattr(args, "order", "pipeline"),
             "seed": args.seed,
             "compare": compare,
             "compare_option": args.compare,
@@ -198,6 +199,8 @@ def build_report(
         },
         "seqbal": {
             "micro_batches_per_rank": len(plans[0]),
+            # each rank's micro_batch_tokens are listed in this run order
+            "micro_batch_order": getattr(args, "order", "pipeline"),
             "all_reduces": 0 if args.dp == 1 or args.route == "schedule" else 2,
             "seconds": seconds,
             "ranks": _rank_rows(split.lengths, plans, args.max_token_len, args.cost_model, args.group_size,
@@ -332,11 +335,12 @@ def format_report(report: dict[str, Any], width: int = DEFAULT_WIDTH) -> str:
     dp = settings["dp"]
     other_cost = settings["cost_model"] != str(CostModel())  # a cost other than effective tokens
     defaults = {"group_size": 1, "divisible_by": None, "min_micro_batches": None, "seed": None,
-                "max_samples_per_micro_batch": None}
+                "max_samples_per_micro_batch": None, "order": "pipeline"}
     names = {"group_size": "group size", "divisible_by": "divisible by",
              "min_micro_batches": "min micro-batches", "seed": "seed",
-             "max_samples_per_micro_batch": "max samples per micro-batch"}
-    extras = [f"{names[key]}={settings[key]}" for key in names if settings[key] != defaults[key]]
+             "max_samples_per_micro_batch": "max samples per micro-batch", "order": "micro-batch order"}
+    extras = [f"{names[key]}={settings.get(key, defaults[key])}" for key in names
+              if settings.get(key, defaults[key]) != defaults[key]]
     route = f", ranks split by {_ROUTE_NAMES[settings['route']]}" if dp > 1 else ""
     cap_source = {"given": "", "default": " (the default; --max-token-len sets it)",
                   "data": f" (--max-token-len not given: the smallest power of two from "

@@ -148,7 +148,7 @@ def _sampler(trainer: Any, dataset: Any, collator: Any) -> LlamaFactoryTokenBudg
         LlamaFactoryTokenBudgetBatchSampler, trainer, lengths, cap, cost_model=cost_model,
         max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
         shuffle=not getattr(finetuning, "disable_shuffling", False), advice=advice,
-        workload_fn=_settings.get("workload_fn"),
+        workload_fn=_settings.get("workload_fn"), micro_batch_order=_settings.get("micro_batch_order"),
     )
 
 
@@ -206,7 +206,7 @@ def _get_train_dataloader(self: Any) -> Any:
 
 def install(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
-    workload_fn: Optional[Any] = None,
+    workload_fn: Optional[Any] = None, micro_batch_order: Optional[str] = None,
 ) -> list[tuple[str, str]]:
     """Make LLaMA-Factory's SFT trainer (``CustomSeq2SeqTrainer``) build its training dataloader
     from a token-budget batch sampler under ``max_token_len``. Call it in every training process
@@ -233,6 +233,10 @@ def install(
             ``flash_attention_2``.
         workload_fn: what the slots balance across ranks (lengths -> non-negative workloads);
             default None: :func:`seqbal.calculate_workload`. The same model on every rank.
+        micro_batch_order: the order of the micro-batches within every optimizer step (each run
+            of ``gradient_accumulation_steps``): None (default) keeps the sampler's random order,
+            ``"pipeline"`` or ``"largest_first"`` (largest padded batch first) as in
+            :mod:`seqbal.order`. The same on every rank (the sampler compares it).
 
     Returns:
         the ``(owner, attribute)`` pairs that now point to seqbal.
@@ -241,8 +245,9 @@ def install(
         ImportError: llamafactory (or its transformers) missing, or a version whose SFT trainer
             does not build its dataloader through ``Trainer.get_train_dataloader``.
         ValueError: ``max_token_len`` not a positive integer, ``max_samples_per_micro_batch``
-            neither None nor a positive integer, ``cost_model`` not a cost model; each message
-            names the argument.
+            neither None nor a positive integer, ``cost_model`` not a cost model, ``workload_fn``
+            not a workload model, ``micro_batch_order`` unknown; each message names the
+            argument. Nothing is patched then.
 
     Examples:
         >>> from seqbal.integrations import llamafactory  # doctest: +SKIP
@@ -251,7 +256,7 @@ def install(
     """
     max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
         max_token_len, cost_model, max_samples_per_micro_batch, cap_optional=True)
-    PlanSettings.checked(workload_fn, "pipeline")
+    plan = PlanSettings.checked(workload_fn, micro_batch_order, order_optional=True)
     try:
         trainer_class = importlib.import_module(TRAINER_MODULE).CustomSeq2SeqTrainer
         base = importlib.import_module("transformers.trainer").Trainer
@@ -267,7 +272,7 @@ def install(
             f"{getattr(owner, '__qualname__', owner)}, not transformers' Trainer (tested: {TESTED})"
         )
     _settings.update(max_token_len=max_token_len, cost_model=cost_model,
-                     max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn)
+                     max_samples_per_micro_batch=max_samples_per_micro_batch, **plan.keywords())
     _classes["trainer"] = trainer_class
     if not _patches and vars(base)[_NAME] is not _get_train_dataloader:
         _patches.append(Patch(base, _NAME, _get_train_dataloader))

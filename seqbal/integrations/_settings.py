@@ -26,15 +26,20 @@ class PlanSettings:
     """
 
     workload_fn: Optional[WorkloadFn] = None
-    micro_batch_order: str = "pipeline"
+    #: None only where the adapter's planner has an order of its own to keep (the token-budget
+    #: sampler's random slot order, AReaL's index order): ``checked(..., order_optional=True)``.
+    micro_batch_order: Optional[str] = "pipeline"
 
     @classmethod
-    def checked(cls, workload_fn: Any, micro_batch_order: Any) -> "PlanSettings":
+    def checked(cls, workload_fn: Any, micro_batch_order: Any, *, order_optional: bool = False) -> "PlanSettings":
         """The settings, or a ``ValueError``: ``workload_fn`` not None or a callable, or failing on
-        the probe lengths (:func:`seqbal.workload.workload_digest`); an unknown order."""
+        the probe lengths (:func:`seqbal.workload.workload_digest`); an unknown order (None is
+        one only with ``order_optional``)."""
         if workload_fn is not None and not callable(workload_fn):
             raise ValueError(f"workload_fn must be None or a callable (lengths -> workloads), got {workload_fn!r:.80}")
         workload_digest(workload_fn)
+        if micro_batch_order is None and order_optional:
+            return cls(workload_fn, None)
         return cls(workload_fn, check_micro_batch_order(micro_batch_order))
 
     def keywords(self, order: bool = True) -> dict[str, Any]:

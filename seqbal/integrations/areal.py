@@ -17,6 +17,13 @@ identity, in every loaded module that copied it (AReaL 1.0.4 has none; a user's
 error on any rank is a ``ValueError`` on every rank. ``mb_spec.packing_algorithm`` ("ffd",
 "kk") is not used: seqbal's partitioner replaces both.
 
+The order: AReaL runs the micro-batches in the order of the returned list (its engines iterate
+``MicroBatchList.mbs``, built in that order, and put the outputs back in sample order with
+``backward_indices``), so the order is seqbal's to choose. AReaL's own function returns them
+sorted by their first index; so does seqbal by default (``micro_batch_order=None``).
+``"pipeline"`` or ``"largest_first"`` (:mod:`seqbal.order`) make the plan order them instead,
+and the ranks compare the order with the plan's other arguments.
+
 AReaL is imported only when :func:`install` runs; without it, ``install()`` raises an
 ``ImportError`` that says so. :func:`uninstall` restores AReaL's function wherever seqbal's
 wrapper is still bound.
@@ -46,34 +53,38 @@ _settings: list[PlanSettings] = [PlanSettings()]
 def _wrapper() -> Any:
     if _NAME not in _wrappers:
         _wrappers[_NAME] = functools.wraps(allocate_balanced_mbs_synced)(
-            lambda *args, **kwargs: allocate_balanced_mbs_synced(*args, **_settings[0].merged(kwargs, order=False))
+            lambda *args, **kwargs: allocate_balanced_mbs_synced(*args, **_settings[0].merged(kwargs))
         )
     return _wrappers[_NAME]
 
 
-def install(*, workload_fn: Optional[Any] = None) -> list[tuple[str, str]]:
+def install(*, workload_fn: Optional[Any] = None, micro_batch_order: Optional[str] = None) -> list[tuple[str, str]]:
     """Make the running AReaL plan its micro-batches with seqbal. Idempotent. Call it in every
     training process (each engine rank) before training. O(loaded modules x their attributes).
 
     Args:
         workload_fn: what every plan balances (lengths -> non-negative workloads, see
             :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
-            Every rank must install the same model. A later ``install`` replaces it. (AReaL
-            returns its micro-batches sorted, so there is no order to choose.)
+            Every rank must install the same model. A later ``install`` replaces it.
+        micro_batch_order: the order in which AReaL runs each batch's micro-batches: None
+            (default) AReaL's own, sorted by first index; ``"pipeline"`` (light ones at both
+            ends) or ``"largest_first"`` (the most tokens first, so the caching allocator
+            reserves its largest blocks once). The same on every rank.
 
     Returns:
         the ``(module, attribute)`` pairs that now point to seqbal.
 
     Raises:
         ImportError: AReaL is not installed (or ``areal.utils.data`` fails to import).
-        ValueError: ``workload_fn`` is not a workload model.
+        ValueError: ``workload_fn`` is not a workload model, or ``micro_batch_order`` is not
+            None, ``"pipeline"`` or ``"largest_first"``; nothing is patched then.
 
     Examples:
         >>> from seqbal.integrations import areal as seqbal_areal
         >>> seqbal_areal.install()  # doctest: +SKIP
         [('areal.utils.data', 'allocate_balanced_mbs_synced')]
     """
-    settings = PlanSettings.checked(workload_fn, "pipeline")
+    settings = PlanSettings.checked(workload_fn, micro_batch_order, order_optional=True)
     try:
         module = importlib.import_module(AREAL_MODULE)
     except ImportError as error:
@@ -104,14 +115,17 @@ def is_installed() -> bool:
     return bool(_patches)
 
 
-def installed(*, workload_fn: Optional[Any] = None) -> ContextManager[list[tuple[str, str]]]:
+def installed(*, workload_fn: Optional[Any] = None,
+              micro_batch_order: Optional[str] = None) -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed (with :func:`install`'s
-    ``workload_fn``), then uninstalls it (if it was not installed before the block)."""
-    return installed_while(lambda: install(workload_fn=workload_fn), uninstall, is_installed)
+    arguments), then uninstalls it (if it was not installed before the block)."""
+    return installed_while(lambda: install(workload_fn=workload_fn, micro_batch_order=micro_batch_order),
+                           uninstall, is_installed)
 
 
 def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optional[Any] = None, *,
-                                 workload_fn: Optional[Any] = None) -> list[list[int]]:
+                                 workload_fn: Optional[Any] = None,
+                                 micro_batch_order: Optional[str] = None) -> list[list[int]]:
     """AReaL's ``allocate_balanced_mbs_synced`` with seqbal's plan.
 
     Args:
@@ -124,15 +138,20 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
             initialised torch.distributed, the plan is local.
         workload_fn: what the micro-batches balance (installed: :func:`install`'s); default
             None: :func:`seqbal.calculate_workload`.
+        micro_batch_order: None (default): the micro-batches sorted by first index, as AReaL
+            returns them; ``"pipeline"`` or ``"largest_first"``: in that order
+            (:func:`seqbal.plan_micro_batches`), compared across the group (installed:
+            :func:`install`'s).
 
     Returns:
-        The micro-batches as ascending index lists into ``lens``, sorted (as AReaL returns
-        them); every one within the cap, the count equal on every rank of the group.
+        The micro-batches as ascending index lists into ``lens``, in run order; every one
+        within the cap, the count equal on every rank of the group.
 
     Raises:
         ValueError: (:class:`seqbal.MicroBatchPlanError`) a unit over the cap, a count that
             cannot be formed, or an invalid spec (``max_tokens_per_mb`` missing or not a positive
-            int, ``n_mbs`` or ``n_mbs_divisor`` not a positive int), on any rank: every rank
+            int, ``n_mbs`` or ``n_mbs_divisor`` not a positive int, an unknown
+            ``micro_batch_order``, ranks that passed different orders), on any rank: every rank
             raises together. Nothing of ``mb_spec`` or ``lens`` is read outside the agreement.
 
     Examples:
@@ -140,6 +159,8 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
         >>> spec = SimpleNamespace(max_tokens_per_mb=8, n_mbs=1, n_mbs_divisor=2)
         >>> allocate_balanced_mbs_synced(spec, [3, 5, 2, 6])
         [[0, 1], [2, 3]]
+        >>> allocate_balanced_mbs_synced(spec, [3, 5, 2, 6], micro_batch_order="largest_first")
+        [[2, 3], [0, 1]]
     """
     from ..plan import plan_micro_batches
 
@@ -158,10 +179,12 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
     cap = getattr(mb_spec, "max_tokens_per_mb", None)
     n_mbs = getattr(mb_spec, "n_mbs", None)
     divisor = getattr(mb_spec, "n_mbs_divisor", None)
+    ordered = micro_batch_order is not None
     try:
         parts = plan_micro_batches(
             lens, cap, dp_group=dp_group, num_batches_divided_by=divisor, min_num_micro_batch=n_mbs,
-            use_dynamic_bsz_balance=False, workload_fn=workload_fn,
+            use_dynamic_bsz_balance=ordered, workload_fn=workload_fn,
+            micro_batch_order=micro_batch_order if ordered else "pipeline",
         )
     except MicroBatchPlanError as error:
         raise MicroBatchPlanError(
@@ -169,4 +192,4 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Sequence[int], group: Optio
             f"n_mbs_divisor={divisor!r}): {error}",
             error.code,
         ) from error
-    return sorted(parts)
+    return [sorted(part) for part in parts] if ordered else sorted(parts)

@@ -45,7 +45,8 @@ from ..epochs.sampler import TokenBudgetBatchSampler
 from ..validation import int_argument, is_int
 from .trl import _FollowsTrainerEpoch, sampler_for_trainer
 
-__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "refuse_balance_labels", "enable", "disable", "workload_fn_setting"]
+__all__ = ["PLUGIN", "TESTED", "micro_batch_cap", "refuse_balance_labels", "enable", "disable", "workload_fn_setting",
+           "micro_batch_order_setting"]
 
 #: How the plug-in is named in axolotl's YAML ``plugins:`` list.
 PLUGIN = "seqbal.integrations.axolotl.SeqbalPlugin"
@@ -122,6 +123,7 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         _sampler_class(), self, get_dataset_lengths(dataset), settings["max_token_len"],
         max_samples_per_micro_batch=settings["max_samples_per_micro_batch"],
         shuffle=not getattr(args, "curriculum_sampling", False), workload_fn=settings.get("workload_fn"),
+        micro_batch_order=settings.get("micro_batch_order"),
     )
 
 
@@ -173,7 +175,10 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
     ``seqbal_token_mean_loss`` (default True), ``seqbal_workload_fn`` (what the slots balance
     across ranks: the import path of a callable, lengths -> non-negative workloads, as
     ``"my_package.costs:workload"`` or ``"my_package.costs.workload"``, or the callable itself;
-    default :func:`seqbal.calculate_workload`), ``max_steps`` (kept when set; otherwise the
+    default :func:`seqbal.calculate_workload`), ``seqbal_micro_batch_order`` (the order of the
+    packed rows within every optimizer step: ``"pipeline"`` or ``"largest_first"``, see
+    :mod:`seqbal.order`; default None, the sampler's random order; the stream hands slot ``i`` to
+    every rank, so every rank runs its rows in that slot order), ``max_steps`` (kept when set; otherwise the
     trainer's ``max_steps`` is reset to -1, so the step count is the sampler's exact one instead
     of axolotl's estimate from its own packing).
 
@@ -182,7 +187,8 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
 
     Raises:
         ValueError: an invalid cap; ``balance_labels`` (see :func:`refuse_balance_labels`); a
-            ``seqbal_workload_fn`` that does not import or is not a workload model;
+            ``seqbal_workload_fn`` that does not import or is not a workload model; a
+            ``seqbal_micro_batch_order`` other than None, ``"pipeline"`` or ``"largest_first"``;
             ``multipack_real_batches`` (several rows per micro-batch is
             axolotl's own mode, not planned here); ``seqbal_token_mean_loss`` with a model whose
             ``forward`` cannot take ``num_items_in_batch`` and no ``compute_loss_func``.
@@ -197,6 +203,7 @@ def enable(trainer: Any, cfg: Any) -> dict[str, Any]:
     settings = {"max_token_len": micro_batch_cap(cfg),
                 "max_samples_per_micro_batch": None if bin_size is None else int(bin_size)}
     settings["workload_fn"] = workload_fn_setting(_get(cfg, "seqbal_workload_fn"))
+    settings["micro_batch_order"] = micro_batch_order_setting(_get(cfg, "seqbal_micro_batch_order"))
     token_mean = _get(cfg, "seqbal_token_mean_loss")
     settings["token_mean_loss"] = True if token_mean is None else bool(token_mean)
     if settings["token_mean_loss"]:
@@ -245,6 +252,26 @@ def workload_fn_setting(value: Any) -> Any:
         raise ValueError(f"seqbal_workload_fn: {error}") from None
 
 
+def micro_batch_order_setting(value: Any) -> Optional[str]:
+    """``seqbal_micro_batch_order`` checked: None (the sampler's random order), ``"pipeline"`` or
+    ``"largest_first"``. O(1).
+
+    Raises:
+        ValueError: any other value, named in the message.
+
+    >>> micro_batch_order_setting("largest_first")
+    'largest_first'
+    """
+    from ..order import check_micro_batch_order
+
+    if value is None:
+        return None
+    try:
+        return check_micro_batch_order(value)
+    except ValueError as error:
+        raise ValueError(f"seqbal_{error}") from None
+
+
 def disable(trainer: Any) -> bool:
     """Give ``trainer`` its own ``_get_train_sampler`` back (the loss settings stay as they are).
     Returns whether seqbal was bound. O(1)."""
@@ -270,6 +297,10 @@ def _input_args_class() -> type:
                 default=None, description="What the micro-batches balance across ranks: the import path "
                 "'package.module:name' of a callable, lengths -> non-negative workloads; default seqbal's "
                 "FLOPs formula 24576 s + s^2.")
+            seqbal_micro_batch_order: Optional[str] = Field(
+                default=None, description="The order of the packed rows within every optimizer step: 'pipeline' "
+                "(light ones at both ends) or 'largest_first' (the caching allocator reserves its largest blocks "
+                "once); default the sampler's random order.")
             seqbal_token_mean_loss: Optional[bool] = Field(
                 default=None, description="Normalise the loss by the step's label tokens over all micro-batches and "
                 "ranks (the step's global token mean); default true.")
@@ -278,6 +309,7 @@ def _input_args_class() -> type:
             def _no_label_balancing_under_seqbal(self):  # noqa: ANN202 - pydantic's hook
                 refuse_balance_labels({name: getattr(self, name, None)
                                        for name in ("balance_labels", "sample_packing", "pretraining_dataset")})
+                micro_batch_order_setting(self.seqbal_micro_batch_order)
                 return self
 
         SeqbalArgs.__module__ = __name__

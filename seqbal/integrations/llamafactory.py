@@ -221,7 +221,7 @@ def _install_new_trainer() -> list[tuple[str, str]]:
 def install(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
     max_samples_per_micro_batch: Optional[int] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
-    micro_batch_order: str = "pipeline",
+    micro_batch_order: Optional[str] = None,
 ) -> list[tuple[str, str]]:
     """Give both LLaMA-Factory trainers seqbal's cap: the new trainer's ``dynamic_batching`` and
     ``dynamic_padding_free`` steps come from :class:`seqbal.StepPlanner`, and the classic
@@ -244,9 +244,10 @@ def install(
             workloads, see :func:`seqbal.plan_micro_batches`); default None:
             :func:`seqbal.calculate_workload`. Every rank must install the same model (the
             ranks compare it with their other settings).
-        micro_batch_order: the order of the new trainer's micro-batches in a step:
-            ``"pipeline"`` (default) or ``"largest_first"``. (The classic trainer's sampler
-            keeps its random slot order, a fresh mix every epoch.)
+        micro_batch_order: the order of both trainers' micro-batches in a step:
+            ``"pipeline"`` or ``"largest_first"`` (:mod:`seqbal.order`). Default None: the new
+            trainer's ``"pipeline"``, and the classic trainer's sampler keeps its random slot
+            order (a fresh mix every epoch).
 
     Returns:
         the ``(owner, method)`` pairs that now point to seqbal: ``BatchingPlugin(strategy)``
@@ -261,10 +262,11 @@ def install(
 
     cap, cost_model, sample_cap = checked_settings(max_token_len, cost_model, max_samples_per_micro_batch,
                                                    cap_optional=True)
-    plan = PlanSettings.checked(workload_fn, micro_batch_order)
+    plan = PlanSettings.checked(workload_fn, micro_batch_order, order_optional=True)
     was_classic = classic.is_installed()
     changed = classic.install(cap, cost_model=cost_model, max_samples_per_micro_batch=sample_cap,
-                              workload_fn=workload_fn)
+                              **plan.keywords())
+    plan = PlanSettings(plan.workload_fn, plan.micro_batch_order or "pipeline")  # the new trainer's default
     try:
         changed += _install_new_trainer()
     except ImportError:
@@ -299,7 +301,7 @@ def is_installed() -> bool:
 def installed(
     max_token_len: Optional[int] = None, *, cost_model: Union[None, str, Any] = None,
     max_samples_per_micro_batch: Optional[int] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
-    micro_batch_order: str = "pipeline",
+    micro_batch_order: Optional[str] = None,
 ) -> ContextManager[list[tuple[str, str]]]:
     """``with installed(): ...`` runs the block with seqbal installed (the arguments of
     :func:`install`), then uninstalls it (if it was not installed before the block)."""

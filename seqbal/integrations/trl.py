@@ -190,6 +190,7 @@ def _get_train_sampler(self: Any, train_dataset: Any = None) -> Any:
         dataset_lengths(dataset, getattr(args, "length_column_name", "length")), cap,
         cost_model=cost_model, max_samples_per_micro_batch=_settings.get("max_samples_per_micro_batch"),
         advice=lambda: _trl_length_advice(args, cap), workload_fn=_settings.get("workload_fn"),
+        micro_batch_order=_settings.get("micro_batch_order"),
     )
 
 
@@ -197,14 +198,17 @@ def sampler_for_trainer(
     sampler_class: type, trainer: Any, lengths: Any, max_token_len: int, *, cost_model: Any = None,
     max_samples_per_micro_batch: Optional[int] = None, shuffle: bool = True,
     advice: Optional[Callable[[], str]] = None, workload_fn: Optional[Callable[[Any], Any]] = None,
+    micro_batch_order: Optional[str] = None,
 ) -> Any:
     """A :class:`TokenBudgetBatchSampler` (of ``sampler_class``, a subclass that follows the
     trainer's epoch) for a transformers ``trainer``: its ranks, rank, seed (``data_seed`` first)
     and ``gradient_accumulation_steps`` from ``trainer.args``. A sample over the cap is the
     sampler's ``ValueError``, with ``advice()`` (what to change in the trainer's own settings, or
     ``""``) appended where it says something; ``workload_fn`` is what its slots balance
-    (default None: :func:`seqbal.calculate_workload`). Builds on every rank (one all-reduce
-    where the ranks share the plan)."""
+    (default None: :func:`seqbal.calculate_workload`); ``micro_batch_order`` orders the slots of
+    every optimizer step (default None: the sampler's random order). Both are compared across
+    ranks with the sampler's other settings. Builds on every rank (one all-reduce where the
+    ranks share the plan)."""
     args = trainer.args
     world = max(1, args.world_size)
     try:
@@ -219,6 +223,7 @@ def sampler_for_trainer(
             gradient_accumulation_steps=args.gradient_accumulation_steps,
             max_samples_per_micro_batch=max_samples_per_micro_batch,
             workload_fn=workload_fn,
+            micro_batch_order=micro_batch_order,
         )
     except ValueError as error:
         extra = advice() if advice is not None and "exceeds max_token_len" in str(error) else ""
@@ -258,7 +263,7 @@ def checked_settings(
 
 def install(
     max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
-    workload_fn: Optional[Callable[[Any], Any]] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None, micro_batch_order: Optional[str] = None,
 ) -> list[tuple[str, str]]:
     """Make every transformers ``Trainer`` (TRL's ``SFTTrainer`` included) build its training
     dataloader from :class:`TokenBudgetBatchSampler` under ``max_token_len``. Call it in every
@@ -279,6 +284,13 @@ def install(
         workload_fn: what the slots balance across ranks (lengths -> non-negative workloads,
             see :func:`seqbal.plan_micro_batches`); default None: :func:`seqbal.calculate_workload`.
             Every rank must install the same model (the sampler compares it).
+        micro_batch_order: the order of the micro-batches within every optimizer step (each run
+            of ``gradient_accumulation_steps``): None (default) keeps the sampler's random order,
+            ``"pipeline"`` runs light ones at both ends, ``"largest_first"`` the largest (tokens,
+            or samples x longest under the padded cost) first, so the caching allocator reserves
+            its largest blocks once. With ``gradient_accumulation_steps=1`` a step is one
+            micro-batch and the order changes nothing. The same on every rank (the sampler
+            compares it).
 
     Returns:
         the ``(owner, attribute)`` pairs that now point to seqbal.
@@ -287,11 +299,12 @@ def install(
         ImportError: transformers missing, or older than 5.24.0 (no ``BatchRebalanceSampler``).
         ValueError: ``max_token_len`` not a positive integer, ``max_samples_per_micro_batch``
             neither None nor a positive integer, ``cost_model`` not a cost model, ``workload_fn``
-            not a workload model; each message names the argument.
+            not a workload model, ``micro_batch_order`` not None, ``"pipeline"`` or
+            ``"largest_first"``; each message names the argument. Nothing is patched then.
     """
     max_token_len, cost_model, max_samples_per_micro_batch = checked_settings(
         max_token_len, cost_model, max_samples_per_micro_batch)
-    PlanSettings.checked(workload_fn, "pipeline")
+    plan = PlanSettings.checked(workload_fn, micro_batch_order, order_optional=True)
     try:
         module = importlib.import_module(TRAINER_MODULE)
         importlib.import_module("transformers.trainer_pt_utils").BatchRebalanceSampler
@@ -301,7 +314,7 @@ def install(
             f"{type(error).__name__}: {error}"
         ) from error
     _settings.update(max_token_len=max_token_len, cost_model=cost_model,
-                     max_samples_per_micro_batch=max_samples_per_micro_batch, workload_fn=workload_fn)
+                     max_samples_per_micro_batch=max_samples_per_micro_batch, **plan.keywords())
     trainer = module.Trainer
     if not _patches and vars(trainer)[_NAME] is not _get_train_sampler:
         _patches.append(Patch(trainer, _NAME, _get_train_sampler))
@@ -329,12 +342,12 @@ def is_installed() -> bool:
 
 def installed(
     max_token_len: int, *, cost_model: Union[None, str, Any] = None, max_samples_per_micro_batch: Optional[int] = None,
-    workload_fn: Optional[Callable[[Any], Any]] = None,
+    workload_fn: Optional[Callable[[Any], Any]] = None, micro_batch_order: Optional[str] = None,
 ) -> ContextManager[list[tuple[str, str]]]:
     """``with installed(cap): ...`` runs the block with seqbal installed (the arguments of
     :func:`install`), then uninstalls it (if it was not installed before the block)."""
     return installed_while(
         lambda: install(max_token_len, cost_model=cost_model, max_samples_per_micro_batch=max_samples_per_micro_batch,
-                        workload_fn=workload_fn),
+                        workload_fn=workload_fn, micro_batch_order=micro_batch_order),
         uninstall, is_installed,
     )
