@@ -70,6 +70,9 @@ def test_a_bad_model_on_one_rank_is_raised_on_every_rank(records):
 def test_different_orders_are_the_agreed_error_on_every_rank(records):
     plan = _errors(records, "plan_order")
     assert plan[0] == plan[1] and "micro_batch_order from 'pipeline' to 'largest_first'" in plan[0]
+    unordered = _errors(records, "plan_unordered")  # one rank orders (pipeline), the other does not
+    assert unordered[0] == unordered[1]
+    assert "micro_batch_order from 'pipeline' to none (use_dynamic_bsz_balance=False)" in unordered[0]
     for error in _errors(records, "stream_order"):
         assert "disagree" in error and "micro_batch_order" in error
     for error in _errors(records, "sampler_order"):

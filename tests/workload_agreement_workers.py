@@ -65,6 +65,8 @@ def main(out_dir: str) -> None:
             records[f"stream_{scenario}"] = _record(stream)
     order = "pipeline" if rank == 0 else "largest_first"
     records["plan_order"] = _record(lambda: plan_micro_batches(mine, 2048, dp_group=group, micro_batch_order=order))
+    records["plan_unordered"] = _record(lambda: plan_micro_batches(mine, 2048, dp_group=group,
+                                                                   use_dynamic_bsz_balance=rank == 0))
     records["sampler_order"] = _record(lambda: TokenBudgetBatchSampler(
         LENGTHS.tolist(), 2048, num_replicas=2, rank=rank, micro_batch_order=None if rank == 0 else order).epoch_plan())
 

@@ -68,6 +68,8 @@ def _mismatch_error(ranges: Sequence[Optional[tuple[int, int]]]) -> Optional[Mic
         if name.startswith("cost_model.memory.per_"):
             return f"{float(np.int64(value).view(np.float64)):.6g}"
         if name == "micro_batch_order":
+            if value == len(MICRO_BATCH_ORDERS):
+                return "none (use_dynamic_bsz_balance=False)"
             return repr(MICRO_BATCH_ORDERS[value]) if 0 <= value < len(MICRO_BATCH_ORDERS) else str(value)
         return str(value)
 
@@ -168,7 +170,8 @@ def _plan(
         num_groups=local.num_groups if local else 0,
         error_code=stage.code,
         group=dp_group,
-        must_match=stage.arguments.must_match() if stage.arguments else (None,) * len(_MUST_MATCH),
+        must_match=(stage.arguments.must_match(ordered=flag_problem is not None or use_dynamic_bsz_balance)
+                    if stage.arguments else (None,) * len(_MUST_MATCH)),
     )
     # A mismatch first: it is usually why some rank failed, and every rank can tell it alike.
     mismatch = _mismatch_error(agreement.must_match_ranges)

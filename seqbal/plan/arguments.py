@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..cost import CostModel, as_cost_model
-from ..order import check_micro_batch_order, order_code
+from ..order import MICRO_BATCH_ORDERS, check_micro_batch_order, order_code
 from ..validation import INT64_MAX, LengthsError, int_argument, int_array
 from ..workload import WorkloadFn, workload_digest
 from .errors import LengthsLike, MicroBatchPlanError
@@ -50,9 +50,11 @@ class _Arguments:
                 f"workload_fn on the probe lengths: {error}", MicroBatchPlanError.BAD_ARGUMENT
             ) from None
 
-    def must_match(self) -> tuple[int, ...]:
+    def must_match(self, ordered: bool = True) -> tuple[int, ...]:
         """Values of ``_MUST_MATCH`` (a missing divisor is 1, which means the same; a missing
-        sample cap is 0, which no cap can be)."""
+        sample cap is 0, which no cap can be). ``ordered=False`` (``use_dynamic_bsz_balance=False``:
+        micro-batches run in the partitioner's order) is an order of its own, so a rank that does
+        not order is told apart from one that orders by the default."""
         cost = self.cost_model
         return (
             self.max_token_len,
@@ -65,7 +67,7 @@ class _Arguments:
             self.max_samples_per_micro_batch or 0,
             *(cost.memory.match_values() if cost.memory is not None else (0, 0, 0, 0)),
             self.workload_digest,
-            order_code(self.micro_batch_order),
+            order_code(self.micro_batch_order) if ordered else len(MICRO_BATCH_ORDERS),
         )
 
 
