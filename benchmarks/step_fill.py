@@ -126,25 +126,36 @@ def simulate(lengths: np.ndarray, arrivals: str, wait: Optional[int], steps: int
     return {"ratios": ratios, "due_ratios": due_ratios, "waits": waits, "times": times}
 
 
-def table(steps: int, seeds: int, oldest_first: bool = False) -> list[str]:
+def _cases(steps: int, seeds: int, oldest_first: bool = False, wait_only: bool = False):
+    """``(list, scenario, pooled results of every seed)`` for every list and scenario."""
     lists = dict(length_lists())
     lists["uniform 1-1024"] = np.arange(1, CAP // GROUP + 1, dtype=np.int64)
-    out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | mean | steps under 0.95 | "
-           "worst wait (steps) | plan ms (median) |", "|---|---|---|---|---|---|---|---|"]
     for name, lengths in lists.items():
         for scenario, (arrivals, wait) in SCENARIOS.items():
-            ratios, waits, times = [], [], []
+            if wait_only and wait is None:
+                continue
+            pooled: dict[str, list] = {}
             for seed in range(seeds):
-                result = simulate(lengths, arrivals, wait, steps, seed, oldest_first)
-                ratios += result["ratios"]
-                waits += result["waits"]
-                times += result["times"]
-            under = sum(r < 0.95 for r in ratios)
-            low = f"{min(ratios):.3f}" if ratios else "-"
-            mean = f"{statistics.mean(ratios):.3f}" if ratios else "-"
-            share = f"{under / len(ratios):.1%}" if ratios else "-"
-            out.append(f"| {name} | {scenario} | {len(ratios)} | {low} | {mean} | {share} | {max(waits)} | "
-                       f"{statistics.median(times) * 1e3:.2f} |")
+                for key, values in simulate(lengths, arrivals, wait, steps, seed, oldest_first).items():
+                    pooled.setdefault(key, []).extend(values)
+            yield name, scenario, pooled
+
+
+def _min_and_under(ratios: list[float]) -> tuple[str, str]:
+    if not ratios:
+        return "-", "-"
+    return f"{min(ratios):.3f}", f"{sum(r < 0.95 for r in ratios) / len(ratios):.1%}"
+
+
+def table(steps: int, seeds: int, oldest_first: bool = False) -> list[str]:
+    out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | mean | steps under 0.95 | "
+           "worst wait (steps) | plan ms (median) |", "|---|---|---|---|---|---|---|---|"]
+    for name, scenario, r in _cases(steps, seeds, oldest_first):
+        ratios = r["ratios"]
+        low, share = _min_and_under(ratios)
+        mean = f"{statistics.mean(ratios):.3f}" if ratios else "-"
+        out.append(f"| {name} | {scenario} | {len(ratios)} | {low} | {mean} | {share} | {max(r['waits'])} | "
+                   f"{statistics.median(r['times']) * 1e3:.2f} |")
     return out
 
 
@@ -152,25 +163,11 @@ def due_table(steps: int, seeds: int) -> list[str]:
     """The scenarios with ``max_wait_steps`` against two references: first-fit decreasing of
     every pending group, and the same with the groups whose wait is due placed first (what any
     planner that keeps the deadline must take)."""
-    lists = dict(length_lists())
-    lists["uniform 1-1024"] = np.arange(1, CAP // GROUP + 1, dtype=np.int64)
     out = ["| list | arrivals | steps over capacity | tokens / FFD's: min | under 0.95 | "
            "tokens / due-first FFD's: min | under 0.95 |", "|---|---|---|---|---|---|---|"]
-    for name, lengths in lists.items():
-        for scenario, (arrivals, wait) in SCENARIOS.items():
-            if wait is None:
-                continue
-            ratios, due = [], []
-            for seed in range(seeds):
-                result = simulate(lengths, arrivals, wait, steps, seed)
-                ratios += result["ratios"]
-                due += result["due_ratios"]
-            if not ratios:
-                out.append(f"| {name} | {scenario} | 0 | - | - | - | - |")
-                continue
-            out.append(f"| {name} | {scenario} | {len(ratios)} | {min(ratios):.3f} | "
-                       f"{sum(r < 0.95 for r in ratios) / len(ratios):.1%} | {min(due):.3f} | "
-                       f"{sum(r < 0.95 for r in due) / len(due):.1%} |")
+    for name, scenario, r in _cases(steps, seeds, wait_only=True):
+        cells = [*_min_and_under(r["ratios"]), *_min_and_under(r["due_ratios"])]
+        out.append(f"| {name} | {scenario} | {len(r['ratios'])} | " + " | ".join(cells) + " |")
     return out
 
 
