@@ -9,7 +9,7 @@ two, with the same ``len()`` everywhere, so nothing warns; a larger difference c
 ``len()``, and the rank with one micro-batch more waits in its gradient all-reduce until the
 process group times out.
 
-So the planner calls :func:`check_same_inputs` once, before it plans. Each rank sends its
+So the planner calls :func:`agree_or_raise` once, before it plans. Each rank sends its
 settings and a 63-bit BLAKE2b digest of its lengths in one MAX all-reduce (each value with its
 negation, so every rank learns the minimum and the maximum: about ``2 x (settings + 2)`` int64s),
 together with an error flag: a rank whose own arguments were invalid joins the collective
@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["digest", "group_size", "should_check", "input_disagreement", "check_same_inputs", "agree_or_raise"]
+__all__ = ["digest", "group_size", "should_check", "input_disagreement", "agree_or_raise"]
 
 _MASK = (1 << 63) - 1
 
@@ -132,7 +132,7 @@ def input_disagreement(
     return None
 
 
-def check_same_inputs(
+def agree_or_raise(
     settings: Sequence[tuple[str, Optional[int]]],
     lengths: Optional[np.ndarray],
     local_error: Optional[BaseException],
@@ -143,10 +143,12 @@ def check_same_inputs(
     rank: Optional[int] = None,
     ranked: bool = False,
 ) -> None:
-    """Agree with the other ranks of ``process_group`` (None: the default group) that they all
-    hold the same ``settings`` and ``lengths``, that none found an error, that ``num_replicas``
-    is the group's size and that every rank holds its own ``rank``; raise the same
-    ``ValueError`` on every rank otherwise.
+    """What a planner calls once its local checks ran, on every rank. Where the group has one
+    rank (:func:`should_check`), raise ``local_error`` if there is one. Else, whatever
+    ``num_replicas`` says, agree with the other ranks of ``process_group`` (None: the default
+    group) that they all hold the same ``settings`` and ``lengths``, that none found an error,
+    that ``num_replicas`` is the group's size and that every rank holds its own ``rank``; raise
+    the same ``ValueError`` on every rank otherwise.
 
     Args:
         settings: ``(argument name, value)`` pairs, values ints in ``[0, 2**63)`` (digest
@@ -168,9 +170,13 @@ def check_same_inputs(
             group's size, two ranks with the same ``rank`` (naming what differs and how to fix
             it).
 
-    Cost: one all-reduce of ``2 x (len(settings) + 3) + world`` int64s; a second one of ``2n``
-    int64s only when the lengths differ.
+    Cost: none on a one-rank group; else one all-reduce of ``2 x (len(settings) + 3) + world``
+    int64s, and a second one of ``2n`` int64s only when the lengths differ.
     """
+    if not should_check(process_group):
+        if local_error is not None:
+            raise local_error
+        return
     from .. import collectives
 
     values = [value for _, value in settings]
@@ -211,23 +217,3 @@ def check_same_inputs(
             f"preprocessing on one rank first), not from each rank's own tokenization or filtering"
         )
 
-
-def agree_or_raise(
-    settings: Sequence[tuple[str, Optional[int]]],
-    lengths: Optional[np.ndarray],
-    local_error: Optional[BaseException],
-    process_group: Any,
-    *,
-    who: str,
-    num_replicas: Optional[int] = None,
-    rank: Optional[int] = None,
-    ranked: bool = False,
-) -> None:
-    """What a planner calls once its local checks ran, on every rank: :func:`check_same_inputs`
-    where :func:`should_check` says the group has several ranks (whatever ``num_replicas``
-    says), else raise ``local_error`` if there is one."""
-    if should_check(process_group):
-        check_same_inputs(settings, lengths, local_error, process_group, who=who, num_replicas=num_replicas,
-                          rank=rank, ranked=ranked)
-    elif local_error is not None:
-        raise local_error
