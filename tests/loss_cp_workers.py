@@ -114,7 +114,7 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             records[f"pairs/{reduction}"] = pair_step(rank, reduction, groups)
         for kind in ("missing_key", "more_samples"):
             records[f"error/{kind}"] = error_scenario(rank, kind, groups)
-        close_process_group()
+        close_process_group(exit_process=False)
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
     base.write_records_and_exit(out_dir, rank, records)

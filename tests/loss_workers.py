@@ -214,7 +214,7 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
             for mode in MODES:
                 for reduction in ("mean", "sum"):
                     records[f"{mode}/{reduction}/float64"] = accumulate(rank, mode, reduction, False, group, "float64")
-            close_process_group()
+            close_process_group(exit_process=False)
             write_records_and_exit(out_dir, rank, records)
         for mode in MODES:
             for reduction in ("mean", "sum"):
@@ -229,7 +229,7 @@ def worker_main(rank: int, world: int, init_file: str, out_dir: str) -> None:
         # rank 1 (the short one) asks for dummies, rank 0 does not: both must raise, none hang
         records["error/mismatched_dummies"] = error_record(
             lambda: seqbal.plan_micro_batches(lengths, CAP, dp_group=group, dummy_micro_batches=rank == 1))
-        close_process_group()
+        close_process_group(exit_process=False)
     except Exception:  # noqa: BLE001 - recorded for the parent, which asserts
         records["__crash__"] = traceback.format_exc()
     write_records_and_exit(out_dir, rank, records)
