@@ -17,6 +17,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from .validation import group_keys
+
 __all__ = ["unit_labels"]
 
 
@@ -37,17 +39,9 @@ def _group_ids(force_group_size: Any, group_ids: Any, n: int) -> Optional[list[A
         raise ValueError(
             f"pass either force_group_size (got {force_group_size}) or group_ids, not both: each describes the groups"
         )
-    ids = group_ids.tolist() if hasattr(group_ids, "tolist") else group_ids
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-        raise ValueError(f"group_ids must be a sequence with one id per sample, got {type(group_ids).__name__}")
-    ids = list(ids)
+    ids = group_keys(group_ids)
     if len(ids) != n:
         raise ValueError(f"group_ids holds {len(ids)} ids but this rank's micro-batches hold {n} samples; pass one per sample")
-    for position, value in enumerate(ids):
-        try:
-            hash(value)
-        except TypeError:
-            raise ValueError(f"group_ids[{position}] is {value!r}, not hashable; pass ints or strings") from None
     return ids
 
 

@@ -416,5 +416,6 @@ def group_keys(group_ids: Any, name: str = "group_ids") -> list[Any]:
         try:
             hash(key)
         except TypeError:
-            raise ValueError(f"{name}[{position}] is {key!r} of type {type(key).__name__}, which is not hashable") from None
+            raise ValueError(
+                f"{name}[{position}] is {key!r}, not hashable ({type(key).__name__}); pass ints or strings") from None
     return keys

@@ -560,6 +560,9 @@ def test_group_ids_make_each_group_the_unit_of_the_mean(mode):
     again = loss_weights(micro_batches, GROUPED_PARTS, loss_mask_key="loss_mask", mode=mode, dtype=torch.float64,
                          group_ids=as_codes)
     assert all(torch.equal(a, b) for a, b in zip(weights, again))
+    scalars = loss_weights(micro_batches, GROUPED_PARTS, loss_mask_key="loss_mask", mode=mode, dtype=torch.float64,
+                           group_ids=list(as_codes))  # 0-d tensors, which hash by identity: read by value
+    assert all(torch.equal(a, b) for a, b in zip(weights, scalars))
     plain = loss_weights(micro_batches, GROUPED_PARTS, loss_mask_key="loss_mask", dtype=torch.float64)
     grouped = loss_weights(micro_batches, GROUPED_PARTS, loss_mask_key="loss_mask", dtype=torch.float64,
                            group_ids=GROUP_IDS)
