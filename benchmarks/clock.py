@@ -392,35 +392,32 @@ def summary_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def by_model_table(rows: list[dict]) -> list[str]:
-    """Mean clock efficiency of each row on each model (per micro-batch / per step)."""
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    lines = ["| row | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+def _mean_table(rows: list[dict], column_of, headers: list[str], columns: list) -> list[str]:
+    """Mean clock efficiency of each row in each column (per micro-batch / per step);
+    ``column_of(row)`` is a result row's column."""
+    lines = ["| row | " + " | ".join(headers) + " |", "|---|" + "---|" * len(columns)]
     for name in (*ROWS, CONTROL):
         cells = []
-        for m in models:
-            mine = [r for r in rows if r["row"] == name and r["model"] == m]
+        for column in columns:
+            mine = [r for r in rows if r["row"] == name and column_of(r) == column]
             cells.append(f"{np.mean([r['per_mb'] for r in mine]):.3f} / {np.mean([r['per_step'] for r in mine]):.3f}"
                          if mine else "-")
         if any(c != "-" for c in cells):
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
+
+
+def by_model_table(rows: list[dict]) -> list[str]:
+    """Mean clock efficiency of each row on each model (per micro-batch / per step)."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    return _mean_table(rows, lambda r: r["model"], models, models)
 
 
 def by_list_table(rows: list[dict]) -> list[str]:
     """Mean clock efficiency of each row on each length list and cap (per micro-batch / per step)."""
     columns = list(dict.fromkeys((r["list"], r["cap"]) for r in rows))
-    lines = ["| row | " + " | ".join(f"{name.removesuffix('.txt')}, cap {cap}" for name, cap in columns) + " |",
-             "|---|" + "---|" * len(columns)]
-    for name in (*ROWS, CONTROL):
-        cells = []
-        for list_name, cap in columns:
-            mine = [r for r in rows if r["row"] == name and r["list"] == list_name and r["cap"] == cap]
-            cells.append(f"{np.mean([r['per_mb'] for r in mine]):.3f} / {np.mean([r['per_step'] for r in mine]):.3f}"
-                         if mine else "-")
-        if any(c != "-" for c in cells):
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+    headers = [f"{name.removesuffix('.txt')}, cap {cap}" for name, cap in columns]
+    return _mean_table(rows, lambda r: (r["list"], r["cap"]), headers, columns)
 
 
 def goal_lines(rows: list[dict]) -> list[str]:
