@@ -185,6 +185,9 @@ def _saved():
     (lambda s: s["pool"].update(born=[0, 9]), r"state\['pool'\]\['born'\]"),
     (lambda s: s.update(steps=9), r"state\['pool'\]\['born'\].*beyond max_wait_steps=3"),
     (lambda s: s.update(pool=[1, 2]), r"state\['pool'\] must be a dict"),
+    (lambda s: s.update(witness=[99]), r"state\['witness'\] puts group 0 .* in step 99, outside steps 1 to 3"),
+    (lambda s: s.update(witness=[1, 1, 1]), r"state\['witness'\] has 3 entries, but the pool holds 2 groups"),
+    (lambda s: s.update(witness=["x"]), r"state\['witness'\]"),
 ])
 def test_a_checkpoint_that_breaks_a_promise_is_refused_naming_the_key(change, key):
     state = _saved()
@@ -195,6 +198,32 @@ def test_a_checkpoint_that_breaks_a_promise_is_refused_naming_the_key(change, ke
         planner.load_state_dict(state)
     assert planner.pending == 1 and planner.steps == 0, "a refused state changed the planner"
     assert planner.next_step() == [[[50]]]
+
+
+def test_a_deadline_witness_over_the_cap_is_refused_and_one_saved_without_it_is_rebuilt():
+    """The witness of max_wait_steps (which step each pending group can still leave in) is part
+    of the state: one that packs two groups of 6 tokens into one micro-batch of 10 is refused;
+    a state saved before the planner kept one gets one packed afresh, and every group still
+    leaves by its deadline."""
+    planner = StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=3)
+    planner.add([1, 2, 3], [6, 6, 6])
+    state = planner.state_dict()
+    state["witness"] = [1, 1]  # groups 0 and 1 both in step 1's micro-batch: 12 > 10
+    with pytest.raises(ValueError, match=r"state\['witness'\] fills micro-batch 0 of step 1 over the cap \(12 > 10"):
+        StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=3).load_state_dict(state)
+    planner.next_step()
+    state = planner.state_dict()
+    assert len(state["witness"]) == 2
+    del state["witness"]
+    restored = StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=3)
+    restored.load_state_dict(state)
+    assert [restored.next_step(), restored.next_step(), restored.next_step()] == [[[[2]]], [[[3]]], None]
+    packed_too_late = StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=3)
+    packed_too_late.add([1, 2, 3, 4], [6, 6, 6, 6])
+    state = packed_too_late.state_dict()
+    state["steps"] = 1  # four groups of 6 that must all leave by step 3: three steps of one micro-batch
+    with pytest.raises(ValueError, match=r"cannot all leave by their max_wait_steps=3 deadlines"):
+        StepPlanner(10, 1, micro_batches_per_step=1, max_wait_steps=3).load_state_dict(state)
 
 
 def test_a_checkpoint_over_the_wait_bound_is_refused_and_a_good_one_loads():

@@ -39,7 +39,7 @@ binary search (token cost) or one vectorised comparison (other costs), not visit
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -78,6 +78,14 @@ class _Bins:
             if best_after < after <= capacity:
                 best, best_after = b, after
         return best, best_after
+
+    def put(self, target: int, group: int, cost: int, samples: int, longest: int) -> None:
+        """Add a group to micro-batch ``target`` (the caller knows it fits)."""
+        self.samples[target] += samples
+        self.longest[target] = max(self.longest[target], longest)
+        self.load[target] = (self.samples[target] * self.longest[target] if self.padded
+                             else self.load[target] + cost)
+        self.members[target].append(group)
 
     def place(self, group: int, cost: int, samples: int, longest: int) -> bool:
         """Best fit: the group joins the fullest micro-batch it fits in (lowest index on ties);
@@ -214,10 +222,47 @@ def _fullest(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: 
     """The mandatory groups, then every other group in decreasing cost (older first among
     equals), each by best fit, those that fit nowhere skipped."""
     bins = _Bins(count, capacity, padded, max_samples)
+    _place_mandatory(bins, cost.tolist(), samples.tolist(), longest.tolist(), mandatory)
+    return _fill_decreasing(bins, cost, samples, longest, np.arange(mandatory, len(cost)))
+
+
+def top_up_bins(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int, *,
+                seeded: Optional[list[list[int]]] = None, must: Sequence[int] = (), padded: bool = False,
+                max_samples: Optional[int] = None) -> Optional[list[list[int]]]:
+    """``count`` micro-batches that hold ``seeded`` as given (a list of group positions per
+    micro-batch, each within both caps), then the groups ``must`` (best fit, in decreasing
+    cost), then as many of the other groups as fit (the fullest fill's pass: decreasing cost,
+    older first among equals, best fit, those that fit nowhere skipped). None if a group of
+    ``must`` fits nowhere. O(p log p) plus O(c * count) for the ``c`` groups visited.
+
+    >>> top_up_bins(np.array([6, 2, 3, 4]), np.ones(4, np.int64), np.array([6, 2, 3, 4]), 2, 8, seeded=[[1], [2]])
+    [[0, 1], [2, 3]]
+    >>> top_up_bins(np.array([6, 5, 3, 3]), np.ones(4, np.int64), np.array([6, 5, 3, 3]), 2, 8, must=[2, 3])
+    [[2, 3], [0]]
+    """
+    bins = _Bins(count, capacity, padded, max_samples)
+    used = set()
+    for target, members in enumerate(seeded or []):
+        for g in members:
+            bins.put(target, g, int(cost[g]), int(samples[g]), int(longest[g]))
+            used.add(g)
+    for g in sorted(must, key=lambda g: (-int(cost[g]), g)):
+        if g not in used:
+            if not bins.place(g, int(cost[g]), int(samples[g]), int(longest[g])):
+                return None
+            used.add(g)
+    rest = np.array([g for g in range(len(cost)) if g not in used], dtype=np.int64)
+    _fill_decreasing(bins, cost, samples, longest, rest)
+    return [sorted(members) for members in bins.members]
+
+
+def _fill_decreasing(bins: _Bins, cost: np.ndarray, samples: np.ndarray, longest: np.ndarray,
+                     rest: np.ndarray) -> _Bins:
+    """The groups ``rest`` in decreasing cost (older first among equals) into ``bins``, each by
+    best fit, those that fit nowhere skipped."""
+    capacity, padded = bins.capacity, bins.padded
     cost_list, samples_list, longest_list = cost.tolist(), samples.tolist(), longest.tolist()
-    _place_mandatory(bins, cost_list, samples_list, longest_list, mandatory)
-    rest = np.arange(mandatory, len(cost))
-    order = rest[np.lexsort((rest, -cost[rest]))]
+    order = rest[np.lexsort((rest, -cost[rest]))] if len(rest) else rest
     if not padded and bins.unlimited:
         # costs descending: the first group that fits the roomiest micro-batch is a binary search
         ascending = -cost[order]

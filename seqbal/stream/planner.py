@@ -40,10 +40,11 @@ from ..partition.sample_cap import sample_count_bound, within_sample_cap
 from ..partition.parts import ceildiv
 from ..schedule.slots import SLOT_CLOSE_ENOUGH
 from ..order import check_micro_batch_order
-from ..validation import flag_argument, int_argument
+from ..validation import flag_argument, int_argument, int_array
 from ..workload import WorkloadFn, workload_digest
 from .exact import exact_selection
-from .fill import fill_bins
+from .deadlines import DeadlineWitness
+from .fill import fill_bins, top_up_bins
 from .layout import layout_bins
 from .pool import Arrivals, Pool
 
@@ -70,6 +71,14 @@ OLDEST_PATIENCE = 8
 
 #: ``[rank][micro_batch]`` -> ascending sample indices.
 Step = list[list[list[int]]]
+
+
+def _members(bins: list[list[int]]) -> list[int]:
+    return [g for b in bins for g in b]
+
+
+def _placed(bins: list[list[int]], cost: np.ndarray) -> int:
+    return int(sum(int(cost[g]) for b in bins for g in b))
 
 
 def steps_disagreement(facts: Sequence[Sequence[Any]], names: Sequence[str]) -> Optional[str]:
@@ -129,8 +138,11 @@ class StepPlanner:
         max_wait_steps: ``w``: a sample added before step ``t`` (``t`` steps already taken) is
             emitted by step ``t + w`` (``w = 0``: in the very next step). The planner keeps the
             promise by refusing arrivals beyond what it can emit in time: at most
-            ``(w + 1) * K * num_replicas`` groups pending (each step always takes the
-            ``K * num_replicas`` oldest), or ``(w + 1) * S`` samples with ``samples_per_step``,
+            ``(w + 1) * K * num_replicas`` groups pending (a step can always take
+            ``K * num_replicas`` groups, one per micro-batch; with ``K``, the planner keeps a
+            schedule of every pending group to a step by its deadline, and a step takes the
+            fullest fill that leaves such a schedule: :mod:`seqbal.stream.deadlines`), or
+            ``(w + 1) * S`` samples with ``samples_per_step``,
             where every group must then have the same size, a divisor of ``S`` (the oldest
             ``S`` samples are then always a whole number of groups). Default None (no bound;
             steps still prefer the oldest).
@@ -269,6 +281,12 @@ class StepPlanner:
         self._pool = Pool(self.max_token_len, self.cost_model, self.max_samples_per_micro_batch, self.samples_per_step,
                           workload_fn)
         self._staged: list[Arrivals] = []
+        self._witness: Optional[DeadlineWitness] = None
+        if self.max_wait_steps is not None and self.micro_batches_per_step is not None:
+            self._witness = DeadlineWitness(self.micro_batches_per_step * self.num_replicas, self._capacity(),
+                                            self.max_wait_steps, padded=self.cost_model.padded,
+                                            max_samples=self.max_samples_per_micro_batch)
+        self._next_witness: Optional[np.ndarray] = None
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -439,6 +457,9 @@ class StepPlanner:
             return None
         positions, layout = chosen
         members = self._pool.take(positions)
+        if self._witness is not None:
+            self._witness.take(self._next_witness if self._next_witness is not None else np.zeros(0, dtype=np.int64))
+            self._next_witness = None
         of = dict(zip(positions, members))
         step = [[np.sort(np.concatenate([of[g] for g in mb])).tolist() if mb else [] for mb in rank] for rank in layout]
         self.steps += 1
@@ -460,80 +481,84 @@ class StepPlanner:
                              max_samples=self.max_samples_per_micro_batch, quota=quota,
                              oldest_only=self.oldest_first)
 
-        low, safe = self._mandatory(count)
-        bins = fill(low)
-        if safe > low and not self._reachable_after(bins, count):
-            # first: any ``safe`` groups of the binding deadline's prefix, chosen for the fill
-            bins = fill(low, self._quota(count, safe))
-        if safe > low and (bins is None or not self._reachable_after(bins, count)):
-            # the fewest oldest groups whose fill keeps every deadline reachable (bisection;
-            # ``safe`` always does)
-            high, high_bins = safe, fill(safe)
-            while high - low > 1:
-                middle = (low + high) // 2
-                candidate = fill(middle)
-                if self._reachable_after(candidate, count):
-                    high, high_bins = middle, candidate
-                else:
-                    low = middle
-            bins = high_bins
+        if self.max_wait_steps is not None and groups > count:
+            bins = self._within_deadlines(count, fill)
+        else:
+            bins = fill(self._mandatory(count))
         even = self.even_slots
         if even is None:
             even = pool.samples >= EVEN_SLOTS_MIN_SAMPLES * count
         return self._laid_out([b for b in bins if b], k, even)
 
-    def _mandatory(self, count: int) -> tuple[int, int]:
-        """How many of the oldest groups this ``K`` step must take: a first try and a safe one.
-
-        Every group of a pool that cannot fill the step (both). Without ``max_wait_steps``: the
-        oldest group once it has waited :attr:`oldest_patience` steps (so none waits for ever),
-        else none. With ``max_wait_steps=w``, first the groups due now, then (where the step
-        that took those leaves a later deadline out of reach) the safe number ``m``: a group that
-        arrived before step ``b`` must leave by step ``b + w``, and a step can always take
-        ``count`` groups (one per micro-batch); ``m`` is the largest ``D_h - h x count`` over the
-        horizons ``h`` (``D_h``: the groups due by step ``t + h``), so that at most
-        ``h x count`` groups are due within the next ``h`` steps, for every ``h``: the invariant
-        every later step finds (arrivals are due ``w`` steps after they come, and the admission
-        bound keeps the pool within ``(w + 1) x count``). With :attr:`oldest_first` the fill
-        itself takes the ``count`` oldest groups (``fill_bins``'s ``oldest_only``), more than any
-        of these asks. O(p) on a pool of ``p`` groups.
-        """
+    def _mandatory(self, count: int) -> int:
+        """How many of the oldest groups a ``K`` step without ``max_wait_steps`` must take: every
+        group of a pool that cannot fill the step; else the oldest group once it has waited
+        :attr:`oldest_patience` steps (so none waits for ever), else none. (With
+        :attr:`oldest_first` the fill itself takes the ``count`` oldest groups.) O(1)."""
         groups = self._pool.group_count
         if groups <= count:
-            return groups, groups
-        born = self._pool.columns["born"]  # non-decreasing: the pool is in arrival order
-        w = self.max_wait_steps
-        if w is None:
-            first = int(self.steps - int(born[0]) >= self.oldest_patience)
-            return first, first
-        horizon = born + w - self.steps  # steps from now to each group's last step
-        due_now = int(np.searchsorted(horizon, 0, side="right"))
-        due = np.arange(1, groups + 1) - horizon * count  # groups due by that horizon, minus what fits before
-        safe = int(min(count, max(due_now, int(due.max()))))
-        return due_now, safe
+            return groups
+        return int(self.steps - int(self._pool.columns["born"][0]) >= self.oldest_patience)
 
-    def _quota(self, count: int, safe: int) -> tuple[int, int]:
-        """``(prefix, safe)``: the groups due by the binding horizon of :meth:`_mandatory` (the
-        one that asks for ``safe`` groups now); taking any ``safe`` of them meets it. O(p)."""
-        born = self._pool.columns["born"]
-        horizon = born + self.max_wait_steps - self.steps
-        due = np.arange(1, len(born) + 1) - horizon * count
-        binding = int(np.argmax(due))
-        return int(np.searchsorted(horizon, horizon[binding], side="right")), safe
+    def _within_deadlines(self, count: int, fill: Any) -> list[list[int]]:
+        """A ``K`` step's micro-batches under ``max_wait_steps``, and the witness for what it
+        leaves (:mod:`seqbal.stream.deadlines`), kept for :meth:`next_step` to install.
 
-    def _reachable_after(self, bins: list[list[int]], count: int) -> bool:
-        """Whether every deadline stays reachable after a step that takes ``bins``: the safe
-        number of :meth:`_mandatory` at the next step would be at most ``count``. O(p)."""
-        born = self._pool.columns["born"]
-        left = np.ones(len(born), dtype=bool)
-        taken = [g for b in bins for g in b]
-        if taken:
-            left[np.asarray(taken, dtype=np.int64)] = False
-        if not left.any():
-            return True
-        horizon = born[left] + self.max_wait_steps - (self.steps + 1)
-        due = np.arange(1, int(left.sum()) + 1) - horizon * count
-        return int(due.max()) <= count and int(horizon.min()) >= 0
+        The step's usual fill with the groups due now placed first (where they are at most one
+        per micro-batch), if what it leaves still has a witness from the next step on. Otherwise
+        later deadlines ask for more than the groups due now, and the fullest of these whose
+        leftover keeps a witness is taken: the fewest oldest groups that do (a bisection), the
+        witness's own step packed afresh, and that step as it is (always: its leftover keeps the
+        witness's later steps), each topped up with whatever else fits. O(p x (w + 1) x count)
+        NumPy work per witness check at worst on a pool of ``p`` groups, and O(log p) checks."""
+        witness, columns, now = self._witness, self._pool.columns, self.steps
+        witness.place_new(columns, now)
+        due = witness.due_now(columns, now)
+        own_step = witness.step_bins(now)
+        topped = dict(padded=self.cost_model.padded, max_samples=self.max_samples_per_micro_batch)
+        cost, samples, longest, capacity = columns["cost"], columns["samples"], columns["longest"], self._capacity()
+        if due <= count:  # the usual fill, where what it leaves keeps a witness
+            bins = fill(due)
+            rest = None if bins is None else witness.after_taking(columns, _members(bins), now)
+            if rest is not None:
+                self._next_witness = rest
+                return bins
+
+        def oldest(m: int) -> Optional[list[list[int]]]:
+            return top_up_bins(cost, samples, longest, count, capacity, must=range(m), **topped)
+
+        def kept(bins: Optional[list[list[int]]]) -> Optional[np.ndarray]:
+            return None if bins is None else witness.after_taking(columns, _members(bins), now)
+
+        # Later deadlines can ask for more than the groups due now: the fewest oldest groups
+        # whose fill keeps a witness (a bisection between the due groups and the most that pack),
+        # the witness's own step packed afresh, and that step as it is; each topped up.
+        low, high = due, len(cost) + 1
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if oldest(middle) is not None else (low, middle)
+        options: list[tuple[list[list[int]], np.ndarray]] = []
+        low, high = due - 1, low
+        bins = oldest(high)
+        if bins is not None and (rest := kept(bins)) is not None:
+            best = (bins, rest)
+            while high - low > 1:
+                middle = (low + high) // 2
+                bins = oldest(middle)
+                rest = kept(bins)
+                if rest is None:
+                    low = middle
+                else:
+                    high, best = middle, (bins, rest)
+            options.append(best)
+        for bins in (top_up_bins(cost, samples, longest, count, capacity, must=_members(own_step), **topped),
+                     top_up_bins(cost, samples, longest, count, capacity, seeded=own_step, **topped)):
+            if bins is not None and (rest := kept(bins)) is not None:
+                options.append((bins, rest))
+        if not options:  # the last: the witness's later steps, unchanged, are one
+            raise RuntimeError("internal error: the deadline witness lost its later steps; please report")
+        bins, self._next_witness = max(options, key=lambda option: _placed(option[0], cost))
+        return bins
 
     def _laid_out(self, bins: list[list[int]], per_rank: int, even: bool = True, balance: bool = True,
                   budget: Optional[int] = None) -> tuple[list[int], list[list[list[int]]]]:
@@ -659,7 +684,10 @@ class StepPlanner:
         """The planner's whole state (plain lists and ints): the steps taken and the pool.
         With ``dp_group``, take it right after :meth:`next_step` (arrivals staged since are
         this rank's own and are not included). O(pool)."""
-        return {"version": 1, "steps": self.steps, "pool": self._pool.state()}
+        state = {"version": 1, "steps": self.steps, "pool": self._pool.state()}
+        if self._witness is not None:
+            state["witness"] = self._witness.slots.tolist()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output: the next steps are those the saved planner would
@@ -693,5 +721,32 @@ class StepPlanner:
         except ValueError as error:
             self._pool = previous
             raise ValueError(f"state['pool']: {error}") from None
-        self.steps = steps
-        self._staged = []
+        finally:
+            self._pool = previous
+        witness = self._loaded_witness(state, pool, steps)
+        self._pool, self.steps, self._staged = pool, steps, []
+        if self._witness is not None:
+            self._witness.take(witness)
+        self._next_witness = None
+
+    def _loaded_witness(self, state: dict[str, Any], pool: Pool, steps: int) -> np.ndarray:
+        """The deadline witness of a state (``max_wait_steps`` with ``micro_batches_per_step``):
+        its ``witness`` checked (a ``ValueError`` naming ``state['witness']`` if it is not one),
+        and slots for the groups it has none for (every group of a state saved before the
+        planner kept one): a ``ValueError`` if they fit nowhere in time."""
+        if self._witness is None:  # no deadline to keep: a saved witness says nothing to this planner
+            return np.zeros(0, dtype=np.int64)
+        columns, w = pool.columns, self._witness
+        loaded = DeadlineWitness(w.count, w.capacity, w.wait, padded=w.padded, max_samples=w.max_samples)
+        if "witness" in state:
+            slots = int_array(state["witness"], "state['witness']", integral_floats=False, negative=True, sums=False)
+            why = w.check(columns, slots, steps)
+            if why is not None:
+                raise ValueError(f"state['witness'] {why}: not a deadline witness of this pool under these settings")
+            loaded.take(slots)
+        try:  # the groups it has no slot for yet (all of them in a state saved without one)
+            loaded.place_new(columns, steps)
+        except RuntimeError:
+            raise ValueError(f"state['pool']: its groups cannot all leave by their max_wait_steps={self.max_wait_steps} "
+                             f"deadlines in {w.count} micro-batch(es) a step: the state breaks the wait promise") from None
+        return loaded.slots
