@@ -450,6 +450,10 @@ def run_model(size: str, attention: str, args: argparse.Namespace) -> tuple[list
     import torch
 
     torch.set_num_threads(1)  # the thread's CPU time is then the step's whole CPU time
+    if getattr(args, "keep_freed_memory", False) and not args.device.startswith("cuda"):
+        from benchmarks.tiny_lm import keep_freed_memory
+
+        keep_freed_memory()  # no page faults of glibc's mmap in the clock (tiny_lm.keep_freed_memory)
     model = make_model(size, attention, args.device, getattr(args, "packing", "split"))
     rng = np.random.default_rng([SEED, list(SIZES).index(size), ATTENTION.index(attention)])
     context = Context()
@@ -487,6 +491,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timings per micro-batch, best kept")
     parser.add_argument("--recorder-steps", type=int, default=2, help="steps recorded before the recorder's fit")
     parser.add_argument("--jobs", type=int, default=1, help="models timed in that many processes at once")
+    parser.add_argument("--malloc-default", dest="keep_freed_memory", action="store_false",
+                        help="leave glibc's malloc as it is: large freed buffers are unmapped and faulted in again "
+                             "at the next call, a system time the clock then includes (benchmarks/tiny_lm.py)")
     parser.add_argument("--control", action="store_true",
                         help="also time a control: rank 0's micro-batches on every rank (the clock's noise floor)")
     parser.add_argument("--json", help="also write every row to this JSON file")

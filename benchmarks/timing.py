@@ -107,6 +107,9 @@ def main(argv=None) -> int:
                              "out) or within the shipped rollouts' range")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--malloc-default", dest="keep_freed_memory", action="store_false",
+                        help="leave glibc's malloc as it is: large freed buffers are unmapped and faulted in again "
+                             "at the next call, a system time the clock then includes (benchmarks/tiny_lm.py)")
     parser.add_argument("--verbose", action="store_true", help="print every held-out micro-batch")
     args = parser.parse_args(argv)
     if args.quick:
@@ -114,6 +117,10 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    if args.keep_freed_memory:
+        from benchmarks.tiny_lm import keep_freed_memory
+
+        keep_freed_memory()  # no page faults of glibc's mmap in the clock (tiny_lm.keep_freed_memory)
     results = []
     print(f"tiny transformer hidden {args.hidden}, {args.layers} layers, {args.heads} heads; cap {args.cap}; "
           f"{args.ranks} ranks x {args.samples} samples per list; one thread")
