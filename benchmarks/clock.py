@@ -27,11 +27,13 @@ Rows (all on the same global batch of each case):
 * ``seqbal default``: ``build_dp_schedule(lengths, ranks, cap)`` (the default workload);
 * ``seqbal tokens``: the same with ``workload_fn`` = the lengths;
 * ``seqbal workload_from_config``: with ``seqbal.workload_from_config(model config)``;
-* ``seqbal calibrate``: with ``seqbal.timing.calibrate(step, lengths=the list, max_token_len=cap)``
-  (probes timed on the model itself, once per model, list and cap);
-* ``seqbal recorder``: with ``seqbal.timing.Recorder().fit()`` after ``--recorder-steps`` steps of
-  the same run (other batches of the list, planned on the default workload, each micro-batch
-  timed once as a trainer records it);
+* ``seqbal calibrate``: ``seqbal.timing.fastest_schedule(lengths, ranks, cap, cal)`` with ``cal =
+  seqbal.timing.calibrate(step, lengths=the list, max_token_len=cap)`` (probes timed on the model
+  itself, once per model, list and cap): ``build_dp_schedule`` on its ``workload_fn``, at the
+  fewest count or up to 2 more micro-batches per rank where the model predicts a faster step;
+* ``seqbal recorder``: the same with ``seqbal.timing.Recorder().fit()`` after ``--recorder-steps``
+  steps of the same run (other batches of the list, planned on the default workload, each
+  micro-batch timed once as a trainer records it);
 * ``verl 0.9.1``: its own ``get_seqlen_balanced_partitions`` on ``calculate_workload`` (as
   ``RayPPOTrainer._balance_batch`` calls it, each share ordered by workload), then its own
   ``rearrange_micro_batches`` on every rank in lock-step (re-run at the largest count until all
@@ -156,6 +158,14 @@ def global_batch(data: np.ndarray, ranks: int, cap: int, micro_batches: int, see
 
 def schedule_route(lengths: np.ndarray, ranks: int, cap: int, workload_fn=None) -> RankParts:
     schedule = build_dp_schedule(lengths, ranks, cap, workload_fn=workload_fn)
+    return [[list(mb) for mb in rank] for rank in schedule.micro_batches]
+
+
+def fastest_route(lengths: np.ndarray, ranks: int, cap: int, calibration) -> RankParts:
+    """The calibrated route: ``fastest_schedule`` (the count of least predicted step seconds)."""
+    from seqbal.timing import fastest_schedule
+
+    schedule = fastest_schedule(lengths, ranks, cap, calibration)
     return [[list(mb) for mb in rank] for rank in schedule.micro_batches]
 
 
@@ -313,9 +323,9 @@ def plans_for(model: Model, case: Case, lengths: np.ndarray, data: np.ndarray, c
             cal = calibrate(model.step, lengths=data, max_token_len=case.cap,
                             device=model.device if model.device.startswith("cuda") else None)
             context.calibrations[key] = (cal, time.perf_counter() - start)
-        add("seqbal calibrate", lambda: schedule_route(lengths, case.ranks, case.cap, context.calibrations[key][0].workload_fn))
+        add("seqbal calibrate", lambda: fastest_route(lengths, case.ranks, case.cap, context.calibrations[key][0]))
         fitted = recorder_fit(model, data, case, args.recorder_steps, args.micro_batches)
-        add("seqbal recorder", lambda: schedule_route(lengths, case.ranks, case.cap, fitted.workload_fn))
+        add("seqbal recorder", lambda: fastest_route(lengths, case.ranks, case.cap, fitted))
     else:
         add("seqbal calibrate", list)
         add("seqbal recorder", list)
@@ -370,10 +380,12 @@ def summary_table(rows: list[dict]) -> list[str]:
     planned = [r for r in rows if r["row"] != CONTROL]
     best_mb = {c: max(r["per_mb"] for r in planned if key(r) == c) for c in cases}
     best_step = {c: max(r["per_step"] for r in planned if key(r) == c) for c in cases}
+    default_seconds = {key(r): r["step_seconds"] for r in rows if r["row"] == "seqbal default"}
     lines = [
         "| row | cases | clock, per micro-batch sync: worst / mean | proxy: mean | clock, per step sync: worst / mean "
-        "| proxy: mean | best of the case (per mb / per step) | noise, median (per mb / per step) | largest micro-batch / cap |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| proxy: mean | best of the case (per mb / per step) | noise, median (per mb / per step) | largest micro-batch / cap "
+        "| step seconds / default's: worst / mean | micro-batches per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in (*ROWS, CONTROL):
         mine = [r for r in rows if r["row"] == name]
@@ -387,9 +399,23 @@ def summary_table(rows: list[dict]) -> list[str]:
             f"| {min(r['per_step'] for r in mine):.3f} / {np.mean([r['per_step'] for r in mine]):.3f} "
             f"| {np.mean([r['proxy_per_step'] for r in mine]):.4f} | {top_mb} / {top_step} "
             f"| {statistics.median(r['noise_per_mb'] for r in mine):.3f} / {statistics.median(r['noise_per_step'] for r in mine):.3f} "
-            f"| {max(r['largest_over_cap'] for r in mine):.2f} |"
+            f"| {max(r['largest_over_cap'] for r in mine):.2f} | {_seconds_ratio(mine, default_seconds, key)} "
+            f"| {_count_range(mine)} |"
         )
     return lines
+
+
+def _seconds_ratio(mine: list[dict], default_seconds: dict, key) -> str:
+    """Worst / mean of the row's step seconds (slowest rank's total) over the default row's, per
+    case: what the plan costs, beside how even it is."""
+    ratios = [r["step_seconds"] / default_seconds[key(r)] for r in mine
+              if key(r) in default_seconds and default_seconds[key(r)] > 0]
+    return f"{max(ratios):.3f} / {np.mean(ratios):.3f}" if ratios else "-"
+
+
+def _count_range(mine: list[dict]) -> str:
+    counts = sorted({c for r in mine for c in (r["counts"] if isinstance(r["counts"], list) else [r["counts"]])})
+    return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(counts[0])
 
 
 def _mean_table(rows: list[dict], column_of, headers: list[str], columns: list) -> list[str]:

@@ -18,6 +18,8 @@ from .calibration.timing import (
     TimedProbe,
     TimeModel,
     calibrate,
+    fastest_schedule,
+    predicted_step_seconds,
     features,
     fit,
     fit_probes,
@@ -25,6 +27,7 @@ from .calibration.timing import (
 )
 
 __all__ = [
-    "Recorder", "TimeCalibration", "TimeModel", "TimedProbe", "calibrate", "fit_probes", "time_step",
+    "Recorder", "TimeCalibration", "TimeModel", "TimedProbe", "calibrate", "fastest_schedule", "fit_probes",
+    "predicted_step_seconds", "time_step",
     "FEATURES", "MAX_PROBES", "features", "fit",
 ]

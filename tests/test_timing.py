@@ -19,7 +19,8 @@ from hypothesis import given, settings, strategies as st
 
 from seqbal import build_dp_schedule
 from seqbal.calibration.nnls import weighted_nnls
-from seqbal.timing import Recorder, TimeCalibration, TimeModel, calibrate, features, fit, time_step
+from seqbal.timing import (Recorder, TimeCalibration, TimeModel, calibrate, fastest_schedule, features, fit,
+                           predicted_step_seconds, time_step)
 from tests.deadline import run_with_deadline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -289,3 +290,67 @@ def test_a_fit_without_per_sequence_cost_leaves_the_live_workload():
     fitted = recorder.fit()
     assert fitted.model.sequence_seconds(1000) == 0 and recorder.fitted is None
     assert recorder.workload_fn([10, 1000]).tolist() == calculate_workload([10, 1000]).tolist()
+
+
+# -- the count chosen by the clock ----------------------------------------------------------------
+
+
+def _brute_step_seconds(schedule, lengths, model, sync):
+    times = [[model.predict([lengths[i] for i in mb]) if mb else 0.0 for mb in rank] for rank in schedule.micro_batches]
+    if sync == "step":
+        return max(sum(rank) for rank in times)
+    return sum(max(rank[i] for rank in times) for i in range(len(times[0])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 2048), min_size=4, max_size=60), ranks=st.integers(1, 4),
+       fixed=st.sampled_from([0.0, 1e-4, 1e-2]), squared=st.sampled_from([0.0, 1e-8, 1e-7]),
+       sync=st.sampled_from(["step", "micro_batch"]), extra=st.integers(0, 3))
+def test_fastest_schedule_is_the_fastest_count_it_tries_and_keeps_every_promise(lengths, ranks, fixed, squared, sync,
+                                                                                 extra):
+    """The schedule of least predicted step time among the fewest count and up to ``extra``
+    more per rank (the fewest on a tie), every sample once under the cap, and at least as fast
+    as the fewest by the model; the prediction is the model's sum per rank (or per slot)."""
+    cap = 2048
+    cal = TimeCalibration(TimeModel(fixed=fixed, per_sequence=1e-5, per_token=1e-6, per_token_squared=squared))
+    fewest = build_dp_schedule(lengths, ranks, cap, workload_fn=cal.workload_fn)
+    chosen = fastest_schedule(lengths, ranks, cap, cal, sync=sync, extra_micro_batches=extra)
+    assert sorted(i for rank in chosen.micro_batches for mb in rank for i in mb) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in mb) <= cap for rank in chosen.micro_batches for mb in rank)
+    assert fewest.num_micro_batches <= chosen.num_micro_batches <= fewest.num_micro_batches + extra
+    seconds = predicted_step_seconds(chosen, lengths, cal, sync)
+    assert seconds == pytest.approx(_brute_step_seconds(chosen, lengths, cal, sync))
+    assert seconds <= predicted_step_seconds(fewest, lengths, cal, sync)
+    for more in range(1, extra + 1):
+        try:
+            other = build_dp_schedule(lengths, ranks, cap, workload_fn=cal.workload_fn,
+                                      min_num_micro_batch=fewest.num_micro_batches + more)
+        except ValueError:
+            break
+        later = other.num_micro_batches > chosen.num_micro_batches
+        assert predicted_step_seconds(other, lengths, cal, sync) >= seconds - (0 if later else 1e-12)
+
+
+def test_fastest_schedule_takes_a_micro_batch_more_where_full_ones_cannot_balance():
+    """Cap 4096, 2 ranks, one 1,500-token sequence and sixteen of 400: one micro-batch per rank
+    holds it all, but the rank with the long sequence's squared cost runs longest; a second
+    micro-batch per rank costs 1 ms more and evens the ranks (37 -> 34 ms predicted). With a
+    fixed cost of 10 ms per micro-batch the fewest stays the fastest."""
+    lengths = [1500] + [400] * 16
+    cheap = TimeCalibration(TimeModel(fixed=1e-3, per_token=1e-6, per_token_squared=1e-8))
+    assert fastest_schedule(lengths, 2, 4096, cheap).num_micro_batches == 2
+    assert fastest_schedule(lengths, 2, 4096, cheap, extra_micro_batches=0).num_micro_batches == 1
+    costly = TimeCalibration(TimeModel(fixed=1e-2, per_token=1e-6, per_token_squared=1e-8))
+    assert fastest_schedule(lengths, 2, 4096, costly).num_micro_batches == 1
+
+
+def test_fastest_schedule_refuses_what_it_cannot_honour():
+    cal = TimeCalibration(TimeModel(fixed=1e-3, per_token=1e-6))
+    with pytest.raises(ValueError, match="pass the time model, not a workload_fn"):
+        fastest_schedule([10, 20], 1, 64, cal, workload_fn=len)
+    with pytest.raises(ValueError, match="sync must be one of"):
+        fastest_schedule([10, 20], 1, 64, cal, sync="rank")
+    with pytest.raises(ValueError, match="extra_micro_batches must be an int >= 0"):
+        fastest_schedule([10, 20], 1, 64, cal, extra_micro_batches=-1)
+    with pytest.raises(ValueError, match="exceeds"):
+        fastest_schedule([100, 20], 1, 64, cal)

@@ -16,8 +16,10 @@ from .calibration import MAX_PROBES, TimeCalibration, TimedProbe, calibrate, fit
 from .clock import time_step
 from .model import FEATURES, TimeModel, features, fit
 from .recorder import Recorder
+from .schedule import fastest_schedule, predicted_step_seconds
 
 __all__ = [
-    "Recorder", "TimeCalibration", "TimeModel", "TimedProbe", "calibrate", "fit_probes", "time_step",
+    "Recorder", "TimeCalibration", "TimeModel", "TimedProbe", "calibrate", "fastest_schedule", "fit_probes",
+    "predicted_step_seconds", "time_step",
     "FEATURES", "MAX_PROBES", "features", "fit",
 ]
