@@ -414,7 +414,7 @@ def _seconds_ratio(mine: list[dict], default_seconds: dict, key) -> str:
 
 
 def _count_range(mine: list[dict]) -> str:
-    counts = sorted({c for r in mine for c in (r["counts"] if isinstance(r["counts"], list) else [r["counts"]])})
+    counts = sorted({c for r in mine for c in r["counts"]})
     return f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else str(counts[0])
 
 

@@ -184,9 +184,6 @@ class DeadlineWitness:
         its step's groups) become the witness."""
         self.slots = slots
 
-    def clear(self) -> None:
-        self.slots = np.zeros(0, dtype=np.int64)
-
     # -- checkpoints ------------------------------------------------------------------------
 
     def check(self, columns: dict[str, np.ndarray], slots: np.ndarray, now: int) -> Optional[str]:

@@ -212,9 +212,18 @@ def _placed_cost(bins: _Bins, cost: np.ndarray) -> int:
 
 
 def _place_mandatory(bins: _Bins, cost_list: list, samples_list: list, longest_list: list, mandatory: int) -> None:
-    for g in sorted(range(mandatory), key=lambda g: (-cost_list[g], g)):
+    g = _place_decreasing(bins, range(mandatory), cost_list, samples_list, longest_list)
+    if g is not None:
+        raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+
+
+def _place_decreasing(bins: _Bins, groups, cost_list: list, samples_list: list, longest_list: list) -> Optional[int]:
+    """Place every one of ``groups`` by best fit in decreasing cost (older first among equals);
+    the first that fits nowhere (the others after it unplaced), or None."""
+    for g in sorted(groups, key=lambda g: (-cost_list[g], g)):
         if not bins.place(g, cost_list[g], samples_list[g], longest_list[g]):
-            raise RuntimeError(f"internal error: mandatory group {g} fits no micro-batch; please report")
+            return g
+    return None
 
 
 def _fullest(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, count: int, capacity: int,
@@ -246,11 +255,10 @@ def top_up_bins(cost: np.ndarray, samples: np.ndarray, longest: np.ndarray, coun
         for g in members:
             bins.put(target, g, int(cost[g]), int(samples[g]), int(longest[g]))
             used.add(g)
-    for g in sorted(must, key=lambda g: (-int(cost[g]), g)):
-        if g not in used:
-            if not bins.place(g, int(cost[g]), int(samples[g]), int(longest[g])):
-                return None
-            used.add(g)
+    must = [g for g in must if g not in used]
+    if _place_decreasing(bins, must, cost.tolist(), samples.tolist(), longest.tolist()) is not None:
+        return None
+    used.update(must)
     rest = np.array([g for g in range(len(cost)) if g not in used], dtype=np.int64)
     _fill_decreasing(bins, cost, samples, longest, rest)
     return [sorted(members) for members in bins.members]

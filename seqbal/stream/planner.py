@@ -514,15 +514,15 @@ class StepPlanner:
         witness, columns, now = self._witness, self._pool.columns, self.steps
         witness.place_new(columns, now)
         due = witness.due_now(columns, now)
-        own_step = witness.step_bins(now)
-        topped = dict(padded=self.cost_model.padded, max_samples=self.max_samples_per_micro_batch)
-        cost, samples, longest, capacity = columns["cost"], columns["samples"], columns["longest"], self._capacity()
         if due <= count:  # the usual fill, where what it leaves keeps a witness
             bins = fill(due)
             rest = None if bins is None else witness.after_taking(columns, _members(bins), now)
             if rest is not None:
                 self._next_witness = rest
                 return bins
+        own_step = witness.step_bins(now)
+        topped = dict(padded=self.cost_model.padded, max_samples=self.max_samples_per_micro_batch)
+        cost, samples, longest, capacity = columns["cost"], columns["samples"], columns["longest"], self._capacity()
 
         def oldest(m: int) -> Optional[list[list[int]]]:
             return top_up_bins(cost, samples, longest, count, capacity, must=range(m), **topped)
@@ -719,7 +719,6 @@ class StepPlanner:
         try:
             self._check_admission([], what="the state was not loaded")
         except ValueError as error:
-            self._pool = previous
             raise ValueError(f"state['pool']: {error}") from None
         finally:
             self._pool = previous
